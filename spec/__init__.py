@@ -1,0 +1,1 @@
+"""The reference scheduler: pure functions over immutable state (see docs/semantics.md)."""

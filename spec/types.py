@@ -1,0 +1,259 @@
+"""The plain data types shared by the spec and the engine.
+
+These are the vocabulary of the project: a configuration, a request, the scheduler's
+state and a step's plan. They carry no scheduling logic, which is why the engine
+(``impl/``) may import them while it must never import the spec's functions: the
+differential suite compares two independent implementations of the rules in
+``docs/semantics.md``, and an engine that called the spec would only be compared
+with itself.
+
+Everything is frozen and slotted; collections are tuples, so a value can never
+change after it is built and transitions return new values.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class PreemptionMode(enum.StrEnum):
+    """How a preempted request comes back (vLLM's ``preemption_mode``)."""
+
+    RECOMPUTE = "recompute"  # keep outputs, re-prefill prompt + outputs
+    RESTART = "restart"  # discard outputs, re-prefill the prompt (the seed tutorial)
+    SWAP = "swap"  # copy KV blocks to the CPU pool and back
+
+
+class FinishReason(enum.StrEnum):
+    """Why a request left the engine (vLLM's ``finish_reason`` strings)."""
+
+    STOP = "stop"  # the EOS token was sampled
+    LENGTH = "length"  # max_tokens outputs were produced
+    ABORTED = "aborted"  # abort_request
+
+
+# --- typed errors ------------------------------------------------------------------
+
+
+class KVSchedError(Exception):
+    """Base class of every error this project raises on purpose."""
+
+
+class ConfigError(KVSchedError, ValueError):
+    """A configuration value is out of range or names something unknown."""
+
+
+class InvalidRequestError(KVSchedError, ValueError):
+    """A request is refused at ``add_request``; nothing else changes."""
+
+
+class EmptyPromptError(InvalidRequestError):
+    """The prompt has no tokens."""
+
+
+class InvalidMaxTokensError(InvalidRequestError):
+    """``max_tokens`` is below 1."""
+
+
+class TokenOutOfVocabError(InvalidRequestError):
+    """A prompt token id is negative or not below the model's vocabulary size."""
+
+
+class DuplicateRequestError(InvalidRequestError):
+    """A live request already has this id."""
+
+
+class RequestTooLargeError(InvalidRequestError):
+    """The request could never be scheduled, even alone with the whole GPU KV cache."""
+
+
+class UnknownRequestError(KVSchedError, KeyError):
+    """``abort_request`` named an id that is not live."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else "unknown request"
+
+
+class KVCacheExhaustedError(KVSchedError, RuntimeError):
+    """The no-preemption engine ran out of KV blocks (the seed's crash)."""
+
+    def __init__(self, *, used: int, needed: int, capacity: int) -> None:
+        super().__init__(
+            f"KV cache exhausted: used {used}, needed {needed}, capacity {capacity} blocks"
+        )
+        self.used = used
+        self.needed = needed
+        self.capacity = capacity
+
+
+class SampledTokensError(KVSchedError, ValueError):
+    """The tokens given to a step do not match the requests that sample in it."""
+
+
+# --- configuration and requests ------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SchedulerConfig:
+    """Scheduler limits, with vLLM's names.
+
+    ``num_gpu_blocks * block_size`` token slots hold the KV cache on the device;
+    ``num_cpu_blocks`` blocks of the same size form the swap pool. ``block_size=1``
+    reproduces the seed tutorial's per-token slots. ``policy`` names a registered
+    scheduling policy (``lifo`` is vLLM's and the seed's default).
+    """
+
+    num_gpu_blocks: int
+    block_size: int = 16
+    max_num_batched_tokens: int = 2048
+    max_num_seqs: int = 256
+    enable_chunked_prefill: bool = True
+    preemption_mode: PreemptionMode = PreemptionMode.RECOMPUTE
+    num_cpu_blocks: int = 0
+    policy: str = "lifo"
+
+    def __post_init__(self) -> None:
+        for name in ("num_gpu_blocks", "block_size", "max_num_batched_tokens", "max_num_seqs"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        if (
+            not isinstance(self.num_cpu_blocks, int)
+            or isinstance(self.num_cpu_blocks, bool)
+            or self.num_cpu_blocks < 0
+        ):
+            raise ConfigError(
+                f"num_cpu_blocks must be a non-negative integer, got {self.num_cpu_blocks!r}"
+            )
+        if not isinstance(self.preemption_mode, PreemptionMode):
+            raise ConfigError(f"unknown preemption_mode {self.preemption_mode!r}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SamplingParams:
+    """Per-request generation parameters (vLLM's ``SamplingParams`` plus ``priority``).
+
+    The scheduler reads ``max_tokens``, ``eos_token_id``, ``ignore_eos`` and
+    ``priority`` (lower value = more important, as in vLLM); ``temperature`` and
+    ``seed`` only matter to the engine's sampler.
+    """
+
+    max_tokens: int = 16
+    eos_token_id: int | None = None
+    ignore_eos: bool = False
+    priority: int = 0
+    temperature: float = 0.0
+    seed: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Request:
+    """An accepted request. ``arrival`` is its position in the order of acceptance."""
+
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    params: SamplingParams
+    arrival: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RequestState:
+    """A live request and its progress.
+
+    ``num_computed_tokens`` counts the tokens (prompt first, then outputs) whose K/V
+    is in the cache: the GPU cache while running, the CPU pool while swapped, none
+    while waiting. The request owns ``ceil(num_computed_tokens / block_size)``
+    blocks of that pool.
+    """
+
+    request: Request
+    output_token_ids: tuple[int, ...] = ()
+    num_computed_tokens: int = 0
+    num_preemptions: int = 0
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def num_tokens(self) -> int:
+        """Prompt plus outputs so far: the tokens this request's cache must eventually hold."""
+        return len(self.request.prompt_token_ids) + len(self.output_token_ids)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SchedulerState:
+    """Everything the scheduler knows between two steps.
+
+    Every live request is in exactly one of the three queues. ``running`` is in
+    admission order (the last one is the most recently admitted); ``waiting`` and
+    ``swapped`` are in queue order (the head is served first). Finished and aborted
+    requests are not kept: they are reported once, in the plan or by ``abort``.
+    """
+
+    config: SchedulerConfig
+    num_free_gpu_blocks: int
+    num_free_cpu_blocks: int
+    waiting: tuple[RequestState, ...] = ()
+    running: tuple[RequestState, ...] = ()
+    swapped: tuple[RequestState, ...] = ()
+    next_arrival: int = 0
+    num_steps: int = 0
+
+
+# --- a step's plan ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ScheduledChunk:
+    """``num_tokens`` tokens of one request, at positions ``start .. start+num_tokens-1``."""
+
+    request_id: str
+    start: int
+    num_tokens: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Preemption:
+    """A request preempted in this step, and the mode actually used.
+
+    A swap that does not fit the CPU pool falls back to ``RECOMPUTE``, which is what
+    ``mode`` then says.
+    """
+
+    request_id: str
+    mode: PreemptionMode
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SampledToken:
+    request_id: str
+    token_id: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FinishedRequest:
+    request_id: str
+    output_token_ids: tuple[int, ...]
+    finish_reason: FinishReason
+    num_preemptions: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepPlan:
+    """What one step did, in the order it did it.
+
+    ``preempted`` lists victims in the order they were chosen; ``swapped_in`` the
+    swapped requests brought back; ``scheduled`` every request that ran, with its
+    chunk (running ones first, then swapped-in, then newly admitted); ``sampled``
+    the tokens sampled, in ``scheduled`` order; ``finished`` the requests that
+    finished at the end of the step, in the same order.
+    """
+
+    step: int
+    scheduled: tuple[ScheduledChunk, ...] = ()
+    preempted: tuple[Preemption, ...] = ()
+    swapped_in: tuple[str, ...] = ()
+    sampled: tuple[SampledToken, ...] = ()
+    finished: tuple[FinishedRequest, ...] = ()
