@@ -1,1 +1,151 @@
-"""The reference scheduler: pure functions over immutable state (see docs/semantics.md)."""
+"""The reference scheduler: pure functions over immutable state (see docs/semantics.md).
+
+Each rule ``R1``-``R11`` of ``docs/semantics.md`` is written once, in words, beside the
+code that implements it:
+
+- ``spec.kv``: block arithmetic (R2) and the never-fits check (R4);
+- ``spec.policies``: victim choice, waiting order and admission gate (R9);
+- ``spec.lifecycle``: ``init_state``, ``add_request`` (R4, with the liveness
+  argument), ``abort_request`` (R11) and read-only queries;
+- ``spec.scheduler``: a step: ``schedule`` (phases A-C, R5-R8, preemption R6) and
+  ``complete_step`` (phase D, R10), or both at once with ``step``;
+- ``spec.invariants``: ``state_violations`` / ``plan_violations`` (what must hold);
+- ``spec.liveness``: ``drain_step_bound`` (how long a drain can take) and ``drain``;
+- ``spec.oracle``: pure toy next-token functions.
+
+Nothing here mutates a value, does I/O or imports torch; every transition returns new
+values. The data types live in ``spec.types`` and are shared with the engine, which
+must never import the functions.
+"""
+
+from spec.invariants import check_plan, check_state, plan_violations, state_violations
+from spec.kv import (
+    blocks_held,
+    blocks_needed,
+    cdiv,
+    largest_prefill,
+    max_cached_tokens,
+    never_fits,
+)
+from spec.lifecycle import (
+    abort_request,
+    add_request,
+    blocks_owned,
+    find_request,
+    has_unfinished_requests,
+    init_state,
+    is_live,
+    live_request_ids,
+    num_unfinished_requests,
+)
+from spec.liveness import drain, drain_step_bound, head_steps, worst_head_steps
+from spec.oracle import ConstantOracle, HashOracle, SuccessorOracle
+from spec.policies import POLICIES, Policy, get_policy, is_registered, select_victim
+from spec.scheduler import (
+    TokenOracle,
+    can_swap_out,
+    complete_step,
+    finish_reason,
+    oracle_tokens,
+    plan_matches,
+    preempt,
+    recompute,
+    restart,
+    sampling_request_ids,
+    schedule,
+    step,
+    swap_out,
+)
+from spec.types import (
+    ConfigError,
+    DuplicateRequestError,
+    EmptyPromptError,
+    FinishedRequest,
+    FinishReason,
+    InvalidMaxTokensError,
+    InvalidRequestError,
+    KVSchedError,
+    Preemption,
+    PreemptionMode,
+    Request,
+    RequestState,
+    RequestTooLargeError,
+    SampledToken,
+    SampledTokensError,
+    SamplingParams,
+    ScheduledChunk,
+    SchedulerConfig,
+    SchedulerState,
+    StepPlan,
+    TokenOutOfVocabError,
+    UnknownRequestError,
+)
+
+__all__ = [
+    "POLICIES",
+    "ConfigError",
+    "ConstantOracle",
+    "DuplicateRequestError",
+    "EmptyPromptError",
+    "FinishReason",
+    "FinishedRequest",
+    "HashOracle",
+    "InvalidMaxTokensError",
+    "InvalidRequestError",
+    "KVSchedError",
+    "Policy",
+    "Preemption",
+    "PreemptionMode",
+    "Request",
+    "RequestState",
+    "RequestTooLargeError",
+    "SampledToken",
+    "SampledTokensError",
+    "SamplingParams",
+    "ScheduledChunk",
+    "SchedulerConfig",
+    "SchedulerState",
+    "StepPlan",
+    "SuccessorOracle",
+    "TokenOracle",
+    "TokenOutOfVocabError",
+    "UnknownRequestError",
+    "abort_request",
+    "add_request",
+    "blocks_held",
+    "blocks_needed",
+    "blocks_owned",
+    "can_swap_out",
+    "cdiv",
+    "check_plan",
+    "check_state",
+    "complete_step",
+    "drain",
+    "drain_step_bound",
+    "find_request",
+    "finish_reason",
+    "get_policy",
+    "has_unfinished_requests",
+    "head_steps",
+    "init_state",
+    "is_live",
+    "is_registered",
+    "largest_prefill",
+    "live_request_ids",
+    "max_cached_tokens",
+    "never_fits",
+    "num_unfinished_requests",
+    "oracle_tokens",
+    "plan_matches",
+    "plan_violations",
+    "preempt",
+    "recompute",
+    "restart",
+    "sampling_request_ids",
+    "schedule",
+    "select_victim",
+    "state_violations",
+    "step",
+    "swap_out",
+    "worst_head_steps",
+]

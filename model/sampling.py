@@ -1,0 +1,51 @@
+"""Next-token choice from logits, reproducible per (seed, output index)."""
+
+from __future__ import annotations
+
+import torch
+
+_MASK64 = (1 << 64) - 1
+
+
+def sample_token(
+    logits: torch.Tensor, *, temperature: float, seed: int | None, output_index: int
+) -> int:
+    """Pick a token id from 1-D `logits` [vocab_size].
+
+    temperature == 0: greedy argmax; ties go to the lowest token id.
+    temperature > 0: a draw from softmax(logits / temperature) made with a fresh CPU
+    generator seeded from (seed, output_index) via the Gumbel-max trick. The choice is a
+    function of (seed, output_index, logits) only: global RNG state, batch composition,
+    preemption and recomputation cannot change it. `seed=None` means seed 0.
+    """
+    if logits.dim() != 1 or logits.shape[0] == 0:
+        raise ValueError(f"logits must be a non-empty 1-D tensor, got shape {tuple(logits.shape)}")
+    if not temperature >= 0.0 or temperature == float("inf"):
+        raise ValueError(f"temperature must be finite and >= 0, got {temperature}")
+    if output_index < 0:
+        raise ValueError(f"output_index must be >= 0, got {output_index}")
+    # float64 on the CPU: the draw must not depend on the device or the model's dtype.
+    scores = logits.detach().to("cpu", torch.float64)
+    if bool(torch.isnan(scores).any()):
+        raise ValueError("logits contain NaN")
+    if temperature == 0.0:
+        return _first_argmax(scores)
+    generator = torch.Generator(device="cpu").manual_seed(_mix(seed or 0, output_index))
+    uniform = torch.rand(scores.shape, generator=generator, dtype=torch.float64)
+    # -log(-log(u)) is standard Gumbel noise; argmax(x/T + G) ~ softmax(x/T). Clamping
+    # keeps u away from 0, where log(0) would turn a legal token into -inf.
+    gumbel = -torch.log(-torch.log(uniform.clamp_min(torch.finfo(torch.float64).tiny)))
+    return _first_argmax(scores / temperature + gumbel)
+
+
+def _first_argmax(values: torch.Tensor) -> int:
+    best = values.max()
+    return int((values == best).nonzero()[0, 0])
+
+
+def _mix(seed: int, output_index: int) -> int:
+    """SplitMix64 of the pair, so nearby (seed, index) pairs give unrelated streams."""
+    z = (seed * 0x9E3779B97F4A7C15 + output_index + 1) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)

@@ -1,0 +1,413 @@
+"""What must hold of every state between steps, and of every step (R1-R10).
+
+``state_violations(state)`` and ``plan_violations(before, plan, after)`` return one
+readable line per broken rule (empty when all is well), so a failing test says which
+rule broke and for which request. ``check_state`` / ``check_plan`` are the boolean
+forms used by the PEP 316 contracts of the transitions (``pre: check_state(state)``,
+``post: check_state(__return__)``).
+
+These checks are written independently of the transitions: they restate the rules as
+properties of the values, not as a second copy of the algorithm. The mid-step value
+that ``schedule`` returns is not a state between steps and is not checked here.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+
+from spec.kv import blocks_held, never_fits
+from spec.policies import is_registered
+from spec.types import (
+    FinishReason,
+    PreemptionMode,
+    RequestState,
+    ScheduledChunk,
+    SchedulerState,
+    StepPlan,
+)
+
+
+def _duplicates(ids: Iterable[object]) -> list[object]:
+    return sorted((x for x, n in Counter(ids).items() if n > 1), key=repr)
+
+
+def _queue_violations(state: SchedulerState) -> list[str]:
+    """R1: every live request is in exactly one queue, under a unique id."""
+    found: list[str] = []
+    ids = [r.request_id for r in (*state.waiting, *state.running, *state.swapped)]
+    for rid in _duplicates(ids):
+        found.append(f"R1: request {rid!r} appears more than once in the queues")
+    if len(state.running) > state.config.max_num_seqs:
+        found.append(
+            f"R8: {len(state.running)} running requests > max_num_seqs {state.config.max_num_seqs}"
+        )
+    return found
+
+
+def _kv_violations(state: SchedulerState) -> list[str]:
+    """R2: free + owned == total on both pools, and nothing below zero."""
+    config = state.config
+    bs = config.block_size
+    found: list[str] = []
+    gpu_owned = sum(blocks_held(max(r.num_computed_tokens, 0), bs) for r in state.running)
+    cpu_owned = sum(blocks_held(max(r.num_computed_tokens, 0), bs) for r in state.swapped)
+    pools = (
+        ("GPU", state.num_free_gpu_blocks, gpu_owned, config.num_gpu_blocks),
+        ("CPU", state.num_free_cpu_blocks, cpu_owned, config.num_cpu_blocks),
+    )
+    for pool, free, owned, total in pools:
+        if free < 0:
+            found.append(f"R2: {pool} free blocks {free} < 0")
+        if free + owned != total:
+            found.append(
+                f"R2: {pool} blocks not conserved: free {free} + owned {owned} != total {total}"
+            )
+        if owned > total:
+            found.append(f"R2: {pool} blocks used {owned} > capacity {total}")
+    return found
+
+
+def _request_violations(state: SchedulerState, queue: str, request: RequestState) -> list[str]:
+    """R2, R4, R10 on one request in ``queue``."""
+    found: list[str] = []
+    rid = request.request_id
+    params = request.request.params
+    prompt_len = len(request.request.prompt_token_ids)
+    computed = request.num_computed_tokens
+    if prompt_len < 1:
+        found.append(f"R4: {queue} request {rid!r} has an empty prompt")
+    if params.max_tokens < 1:
+        found.append(f"R4: {queue} request {rid!r} has max_tokens {params.max_tokens} < 1")
+    elif prompt_len >= 1 and never_fits(state.config, prompt_len, params.max_tokens):
+        found.append(f"R4: {queue} request {rid!r} can never fit but was accepted")
+    if queue == "waiting":
+        if computed != 0:
+            found.append(f"R2: waiting request {rid!r} has computed {computed} != 0")
+    elif not 1 <= computed < request.num_tokens:
+        found.append(
+            f"R2: {queue} request {rid!r} needs 1 <= computed < num_tokens, got "
+            f"computed {computed}, num_tokens {request.num_tokens}"
+        )
+    if len(request.output_token_ids) >= params.max_tokens:
+        found.append(
+            f"R10: {queue} request {rid!r} has {len(request.output_token_ids)} outputs "
+            f">= max_tokens {params.max_tokens} but did not finish"
+        )
+    if (
+        not params.ignore_eos
+        and params.eos_token_id is not None
+        and params.eos_token_id in request.output_token_ids
+    ):
+        found.append(f"R10: {queue} request {rid!r} sampled EOS but did not finish")
+    if request.num_preemptions < 0:
+        found.append(f"R6: {queue} request {rid!r} has num_preemptions < 0")
+    if not 0 <= request.request.arrival < state.next_arrival:
+        found.append(
+            f"R4: {queue} request {rid!r} has arrival {request.request.arrival} outside "
+            f"0..{state.next_arrival - 1}"
+        )
+    return found
+
+
+def state_violations(state: SchedulerState) -> tuple[str, ...]:
+    """Every rule a state between steps breaks, one line each; empty when valid.
+
+    - R1: each live request is in exactly one of ``waiting``/``running``/``swapped``,
+      ids unique; at most ``max_num_seqs`` running (R7, R8 never exceed it);
+    - R2: on both pools ``free + owned == total`` with ``free >= 0`` (so used <=
+      capacity); a waiting request has ``computed == 0``, a running or swapped one
+      ``1 <= computed < num_tokens``;
+    - R4: every live request has a prompt, ``max_tokens >= 1`` and could fit alone;
+      arrivals are unique and below ``next_arrival``;
+    - R10: a live request has fewer than ``max_tokens`` outputs and no EOS among them
+      (unless ``ignore_eos``): otherwise it would have finished;
+    - R9: the configured policy is registered; counters are not negative.
+
+    post: isinstance(__return__, tuple)
+    """
+    found = _queue_violations(state)
+    found.extend(_kv_violations(state))
+    for queue, requests in (
+        ("waiting", state.waiting),
+        ("running", state.running),
+        ("swapped", state.swapped),
+    ):
+        for request in requests:
+            found.extend(_request_violations(state, queue, request))
+    arrivals = [r.request.arrival for r in (*state.waiting, *state.running, *state.swapped)]
+    for arrival in _duplicates(arrivals):
+        found.append(f"R4: arrival {arrival} is shared by more than one request")
+    if not is_registered(state.config.policy):
+        found.append(f"R9: policy {state.config.policy!r} is not registered")
+    if state.num_steps < 0 or state.next_arrival < 0:
+        found.append("counters: num_steps and next_arrival must be >= 0")
+    return tuple(found)
+
+
+def check_state(state: SchedulerState) -> bool:
+    """True when ``state`` is a valid state between steps (no ``state_violations``)."""
+    return not state_violations(state)
+
+
+# --- a step --------------------------------------------------------------------------
+
+
+def _index(state: SchedulerState) -> dict[str, tuple[str, RequestState]]:
+    return {
+        r.request_id: (queue, r)
+        for queue, requests in (
+            ("waiting", state.waiting),
+            ("running", state.running),
+            ("swapped", state.swapped),
+        )
+        for r in requests
+    }
+
+
+def _ids(requests: Iterable[RequestState]) -> list[str]:
+    return [r.request_id for r in requests]
+
+
+def _admitted(old: dict[str, tuple[str, RequestState]], plan: StepPlan) -> list[str]:
+    """The scheduled requests that were waiting before the step: the admitted ones."""
+    return [c.request_id for c in plan.scheduled if old.get(c.request_id, ("",))[0] == "waiting"]
+
+
+def _expected_reason(request: RequestState, token: int) -> FinishReason | None:
+    params = request.request.params
+    if not params.ignore_eos and params.eos_token_id is not None and token == params.eos_token_id:
+        return FinishReason.STOP
+    if len(request.output_token_ids) + 1 >= params.max_tokens:
+        return FinishReason.LENGTH
+    return None
+
+
+def _chunk_violations(before: SchedulerState, plan: StepPlan) -> list[str]:
+    """R5, R7, R8: budget, one chunk per request, chunks continue where computing stopped."""
+    config = before.config
+    found: list[str] = []
+    total = sum(c.num_tokens for c in plan.scheduled)
+    if total > config.max_num_batched_tokens:
+        found.append(
+            f"R5: plan schedules {total} tokens > max_num_batched_tokens "
+            f"{config.max_num_batched_tokens}"
+        )
+    for rid in _duplicates(c.request_id for c in plan.scheduled):
+        found.append(f"R5: request {rid!r} is scheduled more than once")
+    old = _index(before)
+    for chunk in plan.scheduled:
+        rid = chunk.request_id
+        if rid not in old:
+            found.append(f"R5: scheduled request {rid!r} was not live")
+            continue
+        request = old[rid][1]
+        if chunk.num_tokens < 1:
+            found.append(f"R5: chunk of {rid!r} has {chunk.num_tokens} tokens < 1")
+        if chunk.start != request.num_computed_tokens:
+            found.append(
+                f"R5: chunk of {rid!r} starts at {chunk.start}, not at its computed "
+                f"{request.num_computed_tokens}"
+            )
+        if chunk.start + chunk.num_tokens > request.num_tokens:
+            found.append(
+                f"R5: chunk of {rid!r} ends at {chunk.start + chunk.num_tokens} > "
+                f"num_tokens {request.num_tokens}"
+            )
+    return found
+
+
+def _queue_change_violations(before: SchedulerState, plan: StepPlan) -> list[str]:
+    """R6, R7, R8: who may be preempted, swapped in and admitted in one step."""
+    found: list[str] = []
+    old = _index(before)
+    scheduled = {c.request_id for c in plan.scheduled}
+    preempted_ids = [p.request_id for p in plan.preempted]
+    for rid in _duplicates(preempted_ids):
+        found.append(f"R6: request {rid!r} preempted twice in one step")
+    for p in plan.preempted:
+        if old.get(p.request_id, ("", None))[0] != "running":
+            found.append(f"R6: preempted request {p.request_id!r} was not running")
+        if p.request_id in scheduled:
+            found.append(f"R6: preempted request {p.request_id!r} was also scheduled")
+        mode = before.config.preemption_mode
+        if p.mode != mode and not (
+            mode is PreemptionMode.SWAP and p.mode is PreemptionMode.RECOMPUTE
+        ):
+            found.append(f"R6: {p.request_id!r} preempted by {p.mode}, config says {mode}")
+    swapped_before = _ids(before.swapped)
+    if list(plan.swapped_in) != swapped_before[: len(plan.swapped_in)]:
+        found.append(
+            f"R7: swapped_in {list(plan.swapped_in)} is not a prefix of swapped {swapped_before}"
+        )
+    for rid in plan.swapped_in:
+        if rid not in scheduled:
+            found.append(f"R7: swapped-in request {rid!r} was not scheduled")
+    admitted = _admitted(old, plan)
+    if plan.preempted and (plan.swapped_in or admitted):
+        found.append("R7/R8: requests swapped in or admitted in a step that preempted")
+    if admitted and len(plan.swapped_in) < len(swapped_before):
+        found.append("R8: waiting requests admitted while swapped requests remain")
+    return found
+
+
+def _sampling_violations(before: SchedulerState, plan: StepPlan) -> list[str]:
+    """R10: exactly the chunks that complete a request sample; finishing follows EOS/length."""
+    found: list[str] = []
+    old = _index(before)
+    expected = [
+        c.request_id
+        for c in plan.scheduled
+        if c.request_id in old and c.start + c.num_tokens == old[c.request_id][1].num_tokens
+    ]
+    got = [s.request_id for s in plan.sampled]
+    if got != expected:
+        found.append(f"R10: sampled {got}, expected the completing chunks {expected}")
+    token_of = {s.request_id: s.token_id for s in plan.sampled}
+    expected_finished = [
+        rid
+        for rid in got
+        if rid in old and _expected_reason(old[rid][1], token_of[rid]) is not None
+    ]
+    finished_ids = [f.request_id for f in plan.finished]
+    if finished_ids != expected_finished:
+        found.append(f"R10: finished {finished_ids}, expected {expected_finished}")
+    for f in plan.finished:
+        if f.request_id not in old or f.request_id not in token_of:
+            continue
+        request = old[f.request_id][1]
+        token = token_of[f.request_id]
+        if f.output_token_ids != (*request.output_token_ids, token):
+            found.append(f"R10: finished {f.request_id!r} reports outputs {f.output_token_ids}")
+        reason = _expected_reason(request, token)
+        if f.finish_reason != reason:
+            found.append(f"R10: {f.request_id!r} finished with {f.finish_reason}, not {reason}")
+        if f.num_preemptions != request.num_preemptions:
+            found.append(f"R10: {f.request_id!r} reports a wrong num_preemptions")
+    return found
+
+
+def _after_violations(before: SchedulerState, plan: StepPlan, after: SchedulerState) -> list[str]:
+    """R1, R3, R5-R10: the queues and requests after the step are what the plan says."""
+    found: list[str] = []
+    old = _index(before)
+    chunk_of = {c.request_id: c for c in plan.scheduled}
+    mode_of = {p.request_id: p.mode for p in plan.preempted}
+    token_of = {s.request_id: s.token_id for s in plan.sampled}
+    finished = {f.request_id for f in plan.finished}
+    admitted = _admitted(old, plan)
+    admitted_set = set(admitted)
+    swapped_in = set(plan.swapped_in)
+    # R1/R3: nothing lost, nothing duplicated, finished requests gone.
+    live_before = set(old)
+    live_after = _ids((*after.waiting, *after.running, *after.swapped))
+    lost = sorted(live_before - finished - set(live_after))
+    extra = sorted(set(live_after) - (live_before - finished))
+    if lost or extra:
+        found.append(f"R1: requests lost {lost} or appeared {extra} during the step")
+    for rid in _duplicates(live_after):
+        found.append(f"R1: request {rid!r} is in the queues more than once after the step")
+    # Queue orders.
+    running = [
+        rid
+        for rid in (
+            *(rid for rid in _ids(before.running) if rid not in mode_of),
+            *plan.swapped_in,
+            *admitted,
+        )
+        if rid not in finished
+    ]
+    if _ids(after.running) != running:
+        found.append(f"R5-R8: running is {_ids(after.running)}, expected {running}")
+    to_waiting = [p.request_id for p in plan.preempted if p.mode is not PreemptionMode.SWAP]
+    waiting = [
+        *reversed(to_waiting),
+        *(rid for rid in _ids(before.waiting) if rid not in admitted_set),
+    ]
+    if _ids(after.waiting) != waiting:
+        found.append(f"R6/R8: waiting is {_ids(after.waiting)}, expected {waiting}")
+    swapped = [
+        *(rid for rid in _ids(before.swapped) if rid not in swapped_in),
+        *(p.request_id for p in plan.preempted if p.mode is PreemptionMode.SWAP),
+    ]
+    if _ids(after.swapped) != swapped:
+        found.append(f"R6/R7: swapped is {_ids(after.swapped)}, expected {swapped}")
+    # Each request's new progress.
+    for request in (*after.waiting, *after.running, *after.swapped):
+        rid = request.request_id
+        if rid not in old:
+            continue
+        prev = old[rid][1]
+        if request.request != prev.request:
+            found.append(f"R1: request {rid!r} changed its identity or parameters")
+        want = _expected_progress(prev, chunk_of.get(rid), mode_of.get(rid), token_of.get(rid))
+        got = (request.output_token_ids, request.num_computed_tokens, request.num_preemptions)
+        if got != want:
+            found.append(
+                f"R6/R10: {rid!r} has (outputs, computed, preemptions) {got}, expected {want}"
+            )
+    return found
+
+
+def _expected_progress(
+    prev: RequestState,
+    chunk: ScheduledChunk | None,
+    mode: PreemptionMode | None,
+    token: int | None,
+) -> tuple[tuple[int, ...], int, int]:
+    outputs = prev.output_token_ids
+    if mode is not None:
+        if mode is PreemptionMode.SWAP:
+            return outputs, prev.num_computed_tokens, prev.num_preemptions + 1
+        if mode is PreemptionMode.RESTART:
+            outputs = ()
+        return outputs, 0, prev.num_preemptions + 1
+    computed = prev.num_computed_tokens
+    if chunk is not None:
+        computed += chunk.num_tokens
+    if token is not None:
+        outputs = (*outputs, token)
+    return outputs, computed, prev.num_preemptions
+
+
+def plan_violations(
+    before: SchedulerState, plan: StepPlan, after: SchedulerState
+) -> tuple[str, ...]:
+    """Every rule a step ``before -> after`` with ``plan`` breaks; empty when it is valid.
+
+    - the plan's ``step`` is ``before.num_steps``, and ``after.num_steps`` one more;
+    - R5: at most ``max_num_batched_tokens`` tokens; no request scheduled twice; each
+      chunk has ``>= 1`` token, starts at the request's ``computed`` and ends at or
+      before its ``num_tokens``;
+    - R6: victims were running and are not scheduled; the mode is the configured one
+      (or recompute, the swap fallback); R7/R8: nothing swapped in or admitted in a
+      step that preempted, swap-ins are a prefix of ``swapped``, no admission while a
+      swapped request stays swapped;
+    - R10: ``sampled`` is exactly the chunks that complete their request, in plan
+      order; ``finished`` is exactly those whose token is EOS (``stop``) or the last
+      allowed (``length``), in the same order, with the right outputs;
+    - R1/R3: no request lost or duplicated (live before == live after + finished); the
+      queues after are in the order the rules give; each request's outputs, computed
+      count and preemption count changed exactly as its chunk, sample or preemption says.
+
+    It checks the step, not the states: combine with ``state_violations(after)``.
+
+    post: isinstance(__return__, tuple)
+    """
+    found: list[str] = []
+    if plan.step != before.num_steps:
+        found.append(f"step: plan.step {plan.step} != before.num_steps {before.num_steps}")
+    if after.num_steps != before.num_steps + 1:
+        found.append(f"step: after.num_steps {after.num_steps} != {before.num_steps + 1}")
+    if after.config != before.config or after.next_arrival != before.next_arrival:
+        found.append("step: the config or next_arrival changed during a step")
+    found.extend(_chunk_violations(before, plan))
+    found.extend(_queue_change_violations(before, plan))
+    found.extend(_sampling_violations(before, plan))
+    found.extend(_after_violations(before, plan, after))
+    return tuple(found)
+
+
+def check_plan(before: SchedulerState, plan: StepPlan, after: SchedulerState) -> bool:
+    """True when the step ``before -> after`` with ``plan`` is valid (no ``plan_violations``)."""
+    return not plan_violations(before, plan, after)

@@ -1,0 +1,248 @@
+"""A request's life outside the step: creating the state, adding (R4), aborting (R11).
+
+Also the read-only queries the others use (where a request is, whether anything is
+left to do). Every function is pure: it returns a new state and leaves its inputs as
+they were; an error is raised before anything is built, so a refused call changes
+nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Literal
+
+from spec.invariants import check_state  # noqa: F401  (used by the PEP 316 contracts)
+from spec.kv import blocks_held, never_fits
+from spec.policies import get_policy
+from spec.types import (
+    ConfigError,  # noqa: F401  (named by a contract's raises:)
+    DuplicateRequestError,
+    EmptyPromptError,
+    FinishedRequest,
+    FinishReason,
+    InvalidMaxTokensError,
+    Request,
+    RequestState,
+    RequestTooLargeError,
+    SamplingParams,
+    SchedulerConfig,
+    SchedulerState,
+    UnknownRequestError,
+)
+
+Queue = Literal["waiting", "running", "swapped"]
+
+
+def init_state(config: SchedulerConfig) -> SchedulerState:
+    """The empty state for ``config``: all blocks free, no request, step 0.
+
+    ``ConfigError`` if ``config.policy`` names no registered policy (R9); the other
+    fields were checked when the config was built.
+
+    post: __return__.num_free_gpu_blocks == config.num_gpu_blocks
+    post: __return__.num_free_cpu_blocks == config.num_cpu_blocks
+    post: check_state(__return__)
+    raises: ConfigError
+    """
+    get_policy(config.policy)
+    return SchedulerState(
+        config=config,
+        num_free_gpu_blocks=config.num_gpu_blocks,
+        num_free_cpu_blocks=config.num_cpu_blocks,
+    )
+
+
+def find_request(state: SchedulerState, request_id: str) -> tuple[Queue, int] | None:
+    """Where the live request ``request_id`` is (R1): its queue and index, or None.
+
+    post: __return__ is None or __return__[1] >= 0
+    """
+    queues: tuple[tuple[Queue, tuple[RequestState, ...]], ...] = (
+        ("waiting", state.waiting),
+        ("running", state.running),
+        ("swapped", state.swapped),
+    )
+    for name, queue in queues:
+        for index, request in enumerate(queue):
+            if request.request_id == request_id:
+                return name, index
+    return None
+
+
+def is_live(state: SchedulerState, request_id: str) -> bool:
+    """Whether ``request_id`` names a request in one of the queues (R1)."""
+    return find_request(state, request_id) is not None
+
+
+def live_request_ids(state: SchedulerState) -> tuple[str, ...]:
+    """Every live id: waiting, then running, then swapped, each in queue order (R1)."""
+    return tuple(r.request_id for r in (*state.waiting, *state.running, *state.swapped))
+
+
+def has_unfinished_requests(state: SchedulerState) -> bool:
+    """Whether any request is still live (waiting, running or swapped).
+
+    post: __return__ == bool(state.waiting or state.running or state.swapped)
+    """
+    return bool(state.waiting or state.running or state.swapped)
+
+
+def num_unfinished_requests(state: SchedulerState) -> int:
+    """How many requests are live."""
+    return len(state.waiting) + len(state.running) + len(state.swapped)
+
+
+def check_new_request(
+    state: SchedulerState, request_id: str, prompt_len: int, params: SamplingParams
+) -> None:
+    """R4, checks 1, 2, 4 and 5 in this order; the first that fails raises.
+
+    Check 3 (a token id outside the vocabulary) is the engine's: only it knows the
+    vocabulary, so the spec accepts any int.
+
+    post: not never_fits(state.config, prompt_len, params.max_tokens)
+    raises: EmptyPromptError, InvalidMaxTokensError, DuplicateRequestError, RequestTooLargeError
+    """
+    if prompt_len < 1:
+        raise EmptyPromptError(f"request {request_id!r} has an empty prompt")
+    if params.max_tokens < 1:
+        raise InvalidMaxTokensError(
+            f"request {request_id!r}: max_tokens must be >= 1, got {params.max_tokens}"
+        )
+    if is_live(state, request_id):
+        raise DuplicateRequestError(f"request {request_id!r} is already live")
+    if never_fits(state.config, prompt_len, params.max_tokens):
+        config = state.config
+        raise RequestTooLargeError(
+            f"request {request_id!r} can never be scheduled: prompt {prompt_len} + "
+            f"max_tokens {params.max_tokens} - 1 tokens in {config.num_gpu_blocks} GPU "
+            f"blocks of {config.block_size}, budget {config.max_num_batched_tokens}, "
+            f"chunked prefill {'on' if config.enable_chunked_prefill else 'off'}, "
+            f"{config.preemption_mode} mode"
+        )
+
+
+def add_request(
+    state: SchedulerState,
+    request_id: str,
+    prompt_token_ids: Sequence[int],
+    params: SamplingParams,
+) -> SchedulerState:
+    """Accept a request (R4): it goes to the tail of ``waiting``.
+
+    The checks of R4 run in order and the first that fails raises its typed error
+    (``EmptyPromptError``, ``InvalidMaxTokensError``, ``DuplicateRequestError``,
+    ``RequestTooLargeError``) and changes nothing. An accepted request gets
+    ``arrival = next_arrival`` (then ``next_arrival`` goes up by one), no outputs,
+    ``computed = 0``, no preemptions.
+
+    **Why every accepted request finishes (liveness, under ``lifo``).** Check 5 refuses
+    exactly the requests that could never be scheduled alone: an accepted request's
+    ``L = P + M - 1`` cached tokens fit the whole GPU pool, and with chunked prefill off
+    its largest prefill fits one step's budget. Now take the head of ``running``. The
+    ``lifo`` victim is the *last* candidate, and the candidates for ``running[i]`` are
+    ``running[i:]``, so the head is only ever a victim when it is alone in ``running``.
+    But then every GPU block it does not own is free (swapped requests own CPU blocks
+    only), so by check 5 its next chunk fits and no victim is needed at all: the head
+    is never preempted. It is scheduled first in every step with the whole budget, so
+    it makes progress every step (a prefill chunk of ``min(remaining, budget) >= 1``
+    tokens or a decode) and finishes after at most ``ceil(remaining / budget)`` prefill
+    steps plus one decode step per missing output. When it finishes the next request
+    in ``running`` becomes the head; when ``running`` is empty, the head of ``swapped``
+    (or, with ``swapped`` empty, the first waiting request) is alone, fits by check 5
+    and is admitted in that very step. So every step serves some head, heads follow one
+    another, and each request is head at most once: with no new arrivals all requests
+    finish, within ``spec.liveness.drain_step_bound(state)`` steps.
+
+    pre: check_state(state)
+    post: check_state(__return__)
+    post: __return__.waiting[:-1] == state.waiting
+    post: __return__.waiting[-1].request.arrival == state.next_arrival
+    post: __return__.next_arrival == state.next_arrival + 1
+    raises: EmptyPromptError, InvalidMaxTokensError, DuplicateRequestError, RequestTooLargeError
+    """
+    prompt = tuple(prompt_token_ids)
+    check_new_request(state, request_id, len(prompt), params)
+    request = Request(
+        request_id=request_id,
+        prompt_token_ids=prompt,
+        params=params,
+        arrival=state.next_arrival,
+    )
+    return replace(
+        state,
+        waiting=(*state.waiting, RequestState(request=request)),
+        next_arrival=state.next_arrival + 1,
+    )
+
+
+def blocks_owned(state: SchedulerState, request_id: str) -> tuple[int, int]:
+    """``(gpu, cpu)`` blocks the live request owns (R2); ``(0, 0)`` if it is not live.
+
+    A running request owns GPU blocks, a swapped one CPU blocks, a waiting one none.
+
+    pre: check_state(state)
+    post: __return__[0] >= 0 and __return__[1] >= 0
+    """
+    where = find_request(state, request_id)
+    if where is None:
+        return 0, 0
+    queue, index = where
+    bs = state.config.block_size
+    if queue == "running":
+        return blocks_held(state.running[index].num_computed_tokens, bs), 0
+    if queue == "swapped":
+        return 0, blocks_held(state.swapped[index].num_computed_tokens, bs)
+    return 0, 0
+
+
+def _without(queue: tuple[RequestState, ...], index: int) -> tuple[RequestState, ...]:
+    return queue[:index] + queue[index + 1 :]
+
+
+def abort_request(state: SchedulerState, request_id: str) -> tuple[SchedulerState, FinishedRequest]:
+    """Abort a live request, wherever it is (R11).
+
+    It leaves its queue; a running request frees its GPU blocks, a swapped one its CPU
+    blocks, a waiting one holds none. It is returned as ``FinishedRequest(outputs so
+    far, reason aborted, num_preemptions)`` (R3: reported once, here). An id that is
+    not live raises ``UnknownRequestError`` and changes nothing.
+
+    pre: check_state(state)
+    post: check_state(__return__[0])
+    post: __return__[1].finish_reason == FinishReason.ABORTED
+    post: not is_live(__return__[0], request_id)
+    post: __return__[0].num_free_gpu_blocks == state.num_free_gpu_blocks + blocks_owned(state, request_id)[0]
+    post: __return__[0].num_free_cpu_blocks == state.num_free_cpu_blocks + blocks_owned(state, request_id)[1]
+    raises: UnknownRequestError
+    """  # noqa: E501
+    where = find_request(state, request_id)
+    if where is None:
+        raise UnknownRequestError(f"no live request {request_id!r}")
+    queue, index = where
+    gpu, cpu = blocks_owned(state, request_id)
+    if queue == "waiting":
+        request = state.waiting[index]
+        new_state = replace(state, waiting=_without(state.waiting, index))
+    elif queue == "running":
+        request = state.running[index]
+        new_state = replace(
+            state,
+            running=_without(state.running, index),
+            num_free_gpu_blocks=state.num_free_gpu_blocks + gpu,
+        )
+    else:
+        request = state.swapped[index]
+        new_state = replace(
+            state,
+            swapped=_without(state.swapped, index),
+            num_free_cpu_blocks=state.num_free_cpu_blocks + cpu,
+        )
+    finished = FinishedRequest(
+        request_id=request_id,
+        output_token_ids=request.output_token_ids,
+        finish_reason=FinishReason.ABORTED,
+        num_preemptions=request.num_preemptions,
+    )
+    return new_state, finished
