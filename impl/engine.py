@@ -1,0 +1,258 @@
+"""The engine: scheduler + KV pools + model runner, with vLLM's verbs.
+
+``LLMEngine.step()`` is transactional. ``Scheduler.schedule()`` mutates the queues
+and block tables and returns the step's undo journal; then the swap copies and the
+forward run; only if they all succeed does ``Scheduler.commit()`` apply phase D and
+the metrics advance. If a swap copy, the forward or the sampler raises:
+
+1. the GPU blocks that this step's victims gave up *and* that this step handed to
+   another request (the forward may have overwritten them) are restored from a
+   snapshot taken just before the forward (``CacheEngine.snapshot``); blocks a
+   victim gave up but nobody reused were not written, blocks a scheduled request
+   already owned are written only at positions past its ``num_computed`` (not yet
+   valid K/V), and newly allocated blocks become free again;
+2. ``Scheduler.rollback()`` replays the journal backwards: admitted and
+   swapped-in requests go back to their queues, victims back into ``running`` at
+   their index with their block tables, counters and (restart) outputs, grown
+   block tables shrink, and both free lists regain their exact order;
+3. the error propagates. ``observe()`` equals its value before the step, and the
+   next ``step()`` makes the same decisions again (sampling depends only on seed,
+   output index and logits, so a retry samples the same tokens).
+
+Swap-out copies GPU->CPU (the GPU side is only read) and swap-in CPU->GPU into
+newly allocated blocks (the CPU side is only read), so a failed copy never damages
+K/V that the rolled-back state still needs. Phase B runs only in steps without
+preemption, so a step never both swaps out and swaps in.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence as SequenceABC
+from dataclasses import dataclass, field
+
+from impl.cache_engine import CacheEngine
+from impl.model_runner import ModelRunner
+from impl.scheduler import Scheduler, SchedulerOutput, cdiv
+from model import LlamaForCausalLM, build_tiny_model, resolve_device, resolve_dtype
+from spec.types import (
+    DuplicateRequestError,
+    FinishedRequest,
+    PreemptionMode,
+    SampledTokensError,
+    SamplingParams,
+    SchedulerConfig,
+    SchedulerState,
+    StepPlan,
+)
+
+
+def _zero_by_mode() -> dict[PreemptionMode, int]:
+    return dict.fromkeys(PreemptionMode, 0)
+
+
+@dataclass
+class EngineMetrics:
+    """Counters of the committed steps (a rolled-back step adds nothing).
+
+    * ``steps``: committed steps, empty ones included.
+    * ``preemptions``: victims by the mode actually used (a swap that fell back to
+      recompute counts as recompute); ``num_preemptions`` is their sum.
+    * ``swap_out_blocks`` / ``swap_in_blocks``: blocks copied GPU->CPU / CPU->GPU.
+    * ``recomputed_tokens``: tokens run through the model at positions that the
+      request had computed before a recompute/restart preemption dropped them (the
+      re-prefill, and under restart also the re-decoded outputs).
+    * ``scheduled_tokens``: all tokens run through the model.
+    * ``generated_tokens``: tokens sampled (restart's re-sampled outputs included).
+    * ``peak_gpu_blocks_used``: the most GPU blocks in use at any forward.
+    * ``kv_utilization``: mean over steps of ``t / (num_gpu_blocks * block_size)``,
+      where ``t`` is the number of tokens whose K/V is in the GPU cache when the
+      step's forward has run (every running request's computed tokens plus the
+      step's chunks; finished requests still counted in their last step). It
+      measures how much of the cache holds live tokens: partly filled last blocks
+      and free blocks both lower it.
+    * ``step_time_s``: wall time spent in committed ``step()`` calls;
+      ``tokens_per_s`` is ``generated_tokens / step_time_s``.
+    """
+
+    steps: int = 0
+    preemptions: dict[PreemptionMode, int] = field(default_factory=_zero_by_mode)
+    swap_out_blocks: int = 0
+    swap_in_blocks: int = 0
+    recomputed_tokens: int = 0
+    scheduled_tokens: int = 0
+    generated_tokens: int = 0
+    peak_gpu_blocks_used: int = 0
+    kv_utilization_sum: float = 0.0
+    step_time_s: float = 0.0
+
+    @property
+    def num_preemptions(self) -> int:
+        return sum(self.preemptions.values())
+
+    @property
+    def kv_utilization(self) -> float:
+        return self.kv_utilization_sum / self.steps if self.steps else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.generated_tokens / self.step_time_s if self.step_time_s > 0 else 0.0
+
+
+class LLMEngine:
+    """A paged-KV LLM engine with continuous batching and preemption.
+
+    ``model`` defaults to ``build_tiny_model(seed, dtype, device)``; with an explicit
+    ``model``, ``device``/``dtype``/``seed`` are unused (the model decides). The KV
+    pools take the model's dtype and device.
+    """
+
+    enable_preemption = True
+
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        *,
+        model: LlamaForCausalLM | None = None,
+        device: str = "auto",
+        dtype: str = "float32",
+        seed: int = 0,
+    ) -> None:
+        if model is None:
+            model = build_tiny_model(
+                seed=seed, dtype=resolve_dtype(dtype), device=resolve_device(device)
+            )
+        self.config = config
+        self.model = model
+        self.scheduler = Scheduler(
+            config,
+            vocab_size=model.config.vocab_size,
+            enable_preemption=self.enable_preemption,
+        )
+        self.cache_engine = CacheEngine(
+            model,
+            num_gpu_blocks=config.num_gpu_blocks,
+            num_cpu_blocks=config.num_cpu_blocks,
+            block_size=config.block_size,
+        )
+        self.model_runner = ModelRunner(model, self.cache_engine)
+        self.metrics = EngineMetrics()
+
+    # --- requests ---------------------------------------------------------------------
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: SequenceABC[int],
+        params: SamplingParams | None = None,
+    ) -> None:
+        """Queue a request (R4); a refused one raises its typed error and changes nothing."""
+        self.scheduler.add_request(request_id, prompt_token_ids, params)
+
+    def abort_request(self, request_id: str) -> FinishedRequest:
+        """Remove a live request in any state and free its blocks (R11)."""
+        return self.scheduler.abort_request(request_id)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    def observe(self) -> SchedulerState:
+        """The state as the spec's ``SchedulerState`` (compare to the spec's with ``==``)."""
+        return self.scheduler.observe()
+
+    # --- steps ------------------------------------------------------------------------
+
+    def step(self) -> StepPlan:
+        """One scheduling step and one forward; all or nothing (see the module doc)."""
+        started = time.perf_counter()
+        scheduler = self.scheduler
+        out = scheduler.schedule()
+        tokens_in_cache = scheduler.num_cached_tokens + out.num_batched_tokens
+        gpu_blocks_used = scheduler.gpu.num_used_blocks
+        tokens = self._execute(out)
+        finished = scheduler.commit(out, tokens)
+        plan = scheduler.make_plan(out, finished)
+        self._record(out, tokens_in_cache, gpu_blocks_used, time.perf_counter() - started)
+        return plan
+
+    def _execute(self, out: SchedulerOutput) -> list[int]:
+        """Swap copies and the forward; on any error undo the step and re-raise."""
+        cache_engine = self.cache_engine
+        protected: list[int] = []
+        saved = None
+        try:
+            if out.swap_out:
+                cache_engine.swap_out(out.swap_out)
+            if out.swap_in:
+                cache_engine.swap_in(out.swap_in)
+            protected = self._reused_victim_blocks(out)
+            if protected:
+                saved = cache_engine.snapshot(protected)
+            tokens = self.model_runner.execute(out)
+            if len(tokens) != out.num_samples:
+                raise SampledTokensError(
+                    f"step {out.step}: {out.num_samples} requests sample, "
+                    f"the model runner returned {len(tokens)} tokens"
+                )
+            return tokens
+        except BaseException:
+            if saved is not None:
+                cache_engine.restore(protected, saved)
+            self.scheduler.rollback(out)
+            raise
+
+    def _reused_victim_blocks(self, out: SchedulerOutput) -> list[int]:
+        """GPU blocks freed by this step's victims and allocated again in this step."""
+        if not out.preempted:
+            return []
+        given_up = {block for record in out.preempted for block in record.gpu_blocks}
+        bs = self.config.block_size
+        reused = []
+        for seq in out.scheduled:
+            # A scheduled request owned cdiv(num_computed, bs) blocks before this step.
+            for block in seq.block_table[cdiv(seq.num_computed, bs) :]:
+                if block in given_up:
+                    reused.append(block)
+        return reused
+
+    def _record(
+        self, out: SchedulerOutput, tokens_in_cache: int, gpu_blocks_used: int, seconds: float
+    ) -> None:
+        metrics = self.metrics
+        metrics.steps += 1
+        for record in out.preempted:
+            metrics.preemptions[record.mode] += 1
+        metrics.swap_out_blocks += len(out.swap_out)
+        metrics.swap_in_blocks += len(out.swap_in)
+        metrics.recomputed_tokens += out.num_recomputed_tokens
+        metrics.scheduled_tokens += out.num_batched_tokens
+        metrics.generated_tokens += out.num_samples
+        metrics.peak_gpu_blocks_used = max(metrics.peak_gpu_blocks_used, gpu_blocks_used)
+        capacity = self.config.num_gpu_blocks * self.config.block_size
+        metrics.kv_utilization_sum += tokens_in_cache / capacity
+        metrics.step_time_s += seconds
+
+    def generate(
+        self, requests: SequenceABC[tuple[str, SequenceABC[int], SamplingParams]]
+    ) -> list[FinishedRequest]:
+        """Add all requests, step until each has finished; results in input order.
+
+        All requests are checked (R4) before any is added, so a bad one raises and
+        adds nothing. Requests already in the engine keep running alongside; their
+        results are reported in the plans this call consumes, not returned.
+        """
+        ids = [request_id for request_id, _, _ in requests]
+        if len(set(ids)) != len(ids):
+            raise DuplicateRequestError(f"duplicate request ids in one generate() call: {ids}")
+        for request_id, prompt, params in requests:
+            self.scheduler.check_request(request_id, prompt, params)
+        for request_id, prompt, params in requests:
+            self.add_request(request_id, prompt, params)
+        results: dict[str, FinishedRequest] = {}
+        pending = set(ids)
+        while pending:
+            for finished in self.step().finished:
+                if finished.request_id in pending:
+                    pending.discard(finished.request_id)
+                    results[finished.request_id] = finished
+        return [results[request_id] for request_id in ids]

@@ -1,0 +1,93 @@
+"""EngineMetrics on small hand-checked runs."""
+
+from __future__ import annotations
+
+import pytest
+
+import impl.scheduler
+from impl import EngineMetrics, LLMEngine, Scheduler
+from model import LlamaForCausalLM
+from spec.types import PreemptionMode, SamplingParams, SchedulerConfig
+from tests.impl.helpers import constant_sampler
+
+
+def test_metrics_of_a_single_request(model64: LlamaForCausalLM) -> None:
+    engine = LLMEngine(SchedulerConfig(num_gpu_blocks=8, block_size=2), model=model64)
+    engine.generate([("a", [1, 2, 3], SamplingParams(max_tokens=3, ignore_eos=True))])
+    m = engine.metrics
+    # Step 0: prefill 3 tokens (2 blocks). Step 1: decode position 3 (2 blocks).
+    # Step 2: decode position 4 (3 blocks). Capacity 16 token slots.
+    assert m.steps == 3
+    assert m.scheduled_tokens == 5
+    assert m.generated_tokens == 3
+    assert m.peak_gpu_blocks_used == 3
+    assert m.kv_utilization == pytest.approx((3 / 16 + 4 / 16 + 5 / 16) / 3)
+    assert m.num_preemptions == 0 and m.recomputed_tokens == 0
+    assert m.swap_in_blocks == m.swap_out_blocks == 0
+    assert m.step_time_s > 0 and m.tokens_per_s == pytest.approx(3 / m.step_time_s)
+
+
+def test_metrics_count_recompute_and_swap(model64: LlamaForCausalLM) -> None:
+    # The hand-checked scheduling scenario of test_scheduler_scenarios: C is preempted
+    # in step 2, B in step 3; B re-prefills 7 tokens (6 computed before) and C 1 + 2
+    # (2 computed before): 8 recomputed tokens.
+    engine = LLMEngine(
+        SchedulerConfig(num_gpu_blocks=6, block_size=2, max_num_batched_tokens=8),
+        model=model64,
+    )
+    params = {
+        "A": ([1, 2, 3], 4),
+        "B": ([4, 5, 6, 7], 4),
+        "C": ([8, 9], 2),
+    }
+    engine.generate(
+        [(rid, p, SamplingParams(max_tokens=m, ignore_eos=True)) for rid, (p, m) in params.items()]
+    )
+    m = engine.metrics
+    assert m.preemptions == {
+        PreemptionMode.RECOMPUTE: 2,
+        PreemptionMode.RESTART: 0,
+        PreemptionMode.SWAP: 0,
+    }
+    assert m.recomputed_tokens == 8
+    assert m.steps == 6
+    assert m.peak_gpu_blocks_used == 6
+
+    swap = LLMEngine(
+        SchedulerConfig(
+            num_gpu_blocks=4,
+            block_size=1,
+            max_num_batched_tokens=4,
+            preemption_mode=PreemptionMode.SWAP,
+            num_cpu_blocks=4,
+        ),
+        model=model64,
+    )
+    p = SamplingParams(max_tokens=3, ignore_eos=True)
+    swap.generate([("A", [1, 2], p), ("B", [3, 4], p)])
+    assert swap.metrics.preemptions[PreemptionMode.SWAP] == 1
+    assert swap.metrics.swap_out_blocks == swap.metrics.swap_in_blocks == 2
+    assert swap.metrics.recomputed_tokens == 0
+
+
+def test_empty_metrics() -> None:
+    m = EngineMetrics()
+    assert m.kv_utilization == 0.0 and m.tokens_per_s == 0.0 and m.num_preemptions == 0
+
+
+def test_plan_objects_without_the_fast_construction(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert impl.scheduler._FAST_PLAN  # the plan types are slotted and validate nothing
+
+    def plans() -> list[object]:
+        s = Scheduler(SchedulerConfig(num_gpu_blocks=6, block_size=2, max_num_batched_tokens=8))
+        s.add_request("A", [1, 2, 3], SamplingParams(max_tokens=4, ignore_eos=True))
+        s.add_request("B", [4, 5, 6, 7], SamplingParams(max_tokens=4, ignore_eos=True))
+        s.add_request("C", [8, 9], SamplingParams(max_tokens=2, ignore_eos=True))
+        result: list[object] = []
+        while s.has_unfinished_requests():
+            result.append(s.step(constant_sampler(9)))
+        return result
+
+    fast = plans()
+    monkeypatch.setattr(impl.scheduler, "_FAST_PLAN", False)
+    assert plans() == fast
