@@ -1,0 +1,65 @@
+"""argparse value types whose errors read as one line (``argument --x: ...``)."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+
+from kvsched.distributions import DistributionSyntaxError, IntDistribution, parse_distribution
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+
+
+def positive_int(text: str) -> int:
+    value = _int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    value = _int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be a non-negative integer, got {text!r}")
+    return value
+
+
+def any_int(text: str) -> int:
+    return _int(text)
+
+
+def non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
+    return value
+
+
+def distribution(minimum: int) -> Callable[[str], IntDistribution]:
+    def parse(text: str) -> IntDistribution:
+        try:
+            return parse_distribution(text, minimum=minimum)
+        except DistributionSyntaxError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    parse.__name__ = "distribution"
+    return parse
+
+
+def int_at_least(minimum: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        value = _int(text)
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {minimum}, got {text!r}")
+        return value
+
+    parse.__name__ = "int"
+    return parse

@@ -1,0 +1,145 @@
+"""The engine options shared by ``run`` and ``conform``, with vLLM's names.
+
+``add_engine_options`` declares them; ``scheduler_config`` turns them into a
+``SchedulerConfig``; ``load_model`` builds the model they name (a local Hugging Face
+Llama checkpoint, or the built-in tiny seeded model); ``make_engine`` builds an
+``LLMEngine`` over a shared model.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+from safetensors import SafetensorError
+
+from impl import LLMEngine
+from impl.policies import POLICIES
+from kvsched import argtypes
+from kvsched.errors import CLIInputError
+from model import (
+    CheckpointError,
+    LlamaForCausalLM,
+    build_tiny_model,
+    load_hf_checkpoint,
+    resolve_device,
+    resolve_dtype,
+)
+from spec.types import PreemptionMode, SchedulerConfig
+
+DEVICES = ("auto", "cpu", "cuda")
+DTYPES = ("float32", "float64", "bfloat16", "float16")
+DEFAULT_NUM_GPU_BLOCKS = 64
+
+
+def add_engine_options(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("engine options (vLLM's names)")
+    g.add_argument(
+        "--num-gpu-blocks",
+        type=argtypes.positive_int,
+        default=DEFAULT_NUM_GPU_BLOCKS,
+        metavar="N",
+        help=f"KV-cache blocks on the device (default {DEFAULT_NUM_GPU_BLOCKS})",
+    )
+    g.add_argument(
+        "--block-size",
+        type=argtypes.positive_int,
+        default=16,
+        metavar="N",
+        help="tokens per KV block (default 16)",
+    )
+    g.add_argument(
+        "--max-num-batched-tokens",
+        type=argtypes.positive_int,
+        default=2048,
+        metavar="N",
+        help="token budget of one step (default 2048)",
+    )
+    g.add_argument(
+        "--max-num-seqs",
+        type=argtypes.positive_int,
+        default=256,
+        metavar="N",
+        help="most requests running at once (default 256)",
+    )
+    g.add_argument(
+        "--enable-chunked-prefill",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="split long prefills across steps (default on)",
+    )
+    g.add_argument(
+        "--preemption-mode",
+        choices=[m.value for m in PreemptionMode],
+        default=PreemptionMode.RECOMPUTE.value,
+        help="how a preempted request comes back (default recompute)",
+    )
+    g.add_argument(
+        "--num-cpu-blocks",
+        type=argtypes.non_negative_int,
+        default=0,
+        metavar="N",
+        help="CPU swap pool in blocks, for --preemption-mode swap (default 0: "
+        "every swap falls back to recompute)",
+    )
+    g.add_argument(
+        "--policy",
+        choices=sorted(POLICIES),
+        default="lifo",
+        help="scheduling policy (default lifo)",
+    )
+    g.add_argument("--device", choices=DEVICES, default="auto", help="(default auto)")
+    g.add_argument("--dtype", choices=DTYPES, default="float32", help="(default float32)")
+    g.add_argument(
+        "--model",
+        metavar="DIR",
+        default=None,
+        help="a local Hugging Face Llama checkpoint (default: the built-in tiny seeded model)",
+    )
+    g.add_argument(
+        "--seed",
+        type=argtypes.any_int,
+        default=0,
+        help="seed of the built-in tiny model's weights (default 0)",
+    )
+
+
+def scheduler_config(args: argparse.Namespace) -> SchedulerConfig:
+    return SchedulerConfig(
+        num_gpu_blocks=args.num_gpu_blocks,
+        block_size=args.block_size,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_num_seqs=args.max_num_seqs,
+        enable_chunked_prefill=args.enable_chunked_prefill,
+        preemption_mode=PreemptionMode(args.preemption_mode),
+        num_cpu_blocks=args.num_cpu_blocks,
+        policy=args.policy,
+    )
+
+
+def device_of(args: argparse.Namespace) -> torch.device:
+    """``--device``, resolved; asking for CUDA where there is none is bad input."""
+    try:
+        return resolve_device(args.device)
+    except ValueError as e:  # resolve_device's only failure: an unusable device name
+        raise CLIInputError(f"argument --device: {e}") from None
+
+
+def load_model(args: argparse.Namespace) -> LlamaForCausalLM:
+    """The ``--model`` checkpoint, or the built-in tiny model seeded with ``--seed``."""
+    device = device_of(args)
+    dtype = resolve_dtype(args.dtype)
+    if args.model is None:
+        return build_tiny_model(seed=args.seed, device=device, dtype=dtype)
+    try:
+        return load_hf_checkpoint(args.model, device=device, dtype=dtype)
+    except CheckpointError as e:
+        raise CLIInputError(f"--model {args.model}: {e}") from None
+    except SafetensorError as e:  # a weights file that is not safetensors at all
+        raise CLIInputError(f"--model {args.model}: unreadable weights: {e}") from None
+
+
+def make_engine(
+    config: SchedulerConfig, args: argparse.Namespace, model: LlamaForCausalLM
+) -> LLMEngine:
+    return LLMEngine(config, model=model, device=args.device, dtype=args.dtype, seed=args.seed)

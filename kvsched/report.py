@@ -1,0 +1,63 @@
+"""The ``--json`` document of ``kvsched run``.
+
+::
+
+    {"requests": [{"id", "output", "finish_reason", "num_preemptions", "error"}, ...],
+     "metrics": {"steps", "preemptions", "swap_out_blocks", "swap_in_blocks",
+                 "recomputed_tokens", "peak_gpu_blocks_used", "num_gpu_blocks",
+                 "kv_utilization", "tokens_per_s"}}
+
+Requests are in workload order. ``tokens_per_s`` is the only value that depends on
+the machine; everything else is a function of the workload and the options.
+"""
+
+from __future__ import annotations
+
+import json
+
+from kvsched.results import RunResult
+
+METRIC_KEYS = (
+    "steps",
+    "preemptions",
+    "swap_out_blocks",
+    "swap_in_blocks",
+    "recomputed_tokens",
+    "peak_gpu_blocks_used",
+    "num_gpu_blocks",
+    "kv_utilization",
+    "tokens_per_s",
+)
+
+
+def to_document(result: RunResult) -> dict[str, object]:
+    m = result.metrics
+    metrics: dict[str, object] = {key: getattr(m, key) for key in METRIC_KEYS}
+    return {
+        "requests": [
+            {
+                "id": o.request_id,
+                "output": list(o.output),
+                "finish_reason": o.finish_reason,
+                "num_preemptions": o.num_preemptions,
+                "error": o.error,
+            }
+            for o in result.outcomes
+        ],
+        "metrics": metrics,
+    }
+
+
+def dumps(result: RunResult) -> str:
+    """The document as JSON text, one request per line (outputs stay on their line)."""
+    doc = to_document(result)
+    requests = doc["requests"]
+    assert isinstance(requests, list)
+    lines = ["{", '  "requests": [' if requests else '  "requests": [],']
+    for i, request in enumerate(requests):
+        lines.append("    " + json.dumps(request) + ("," if i < len(requests) - 1 else ""))
+    if requests:
+        lines.append("  ],")
+    lines.append('  "metrics": ' + json.dumps(doc["metrics"]))
+    lines.append("}")
+    return "\n".join(lines)

@@ -1,0 +1,54 @@
+"""What a run produces: one outcome per workload request, metrics, a KV timeline."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+REJECTED = "rejected"  # the finish reason of a request the engine refused at add_request
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RequestOutcome:
+    """How one workload request ended; ``error`` is set for rejected requests only."""
+
+    request_id: str
+    output: tuple[int, ...] = ()
+    finish_reason: str = REJECTED  # "stop" | "length" | "aborted" | "rejected"
+    num_preemptions: int = 0
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepSample:
+    """The engine's state after one step (what ``--plot`` draws)."""
+
+    step: int
+    gpu_blocks_used: int
+    num_running: int
+    num_waiting: int
+    num_swapped: int
+    num_preempted: int  # victims in this step
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunMetrics:
+    """The ``metrics`` object of the ``--json`` document (plus a few extras)."""
+
+    steps: int
+    preemptions: int
+    swap_out_blocks: int
+    swap_in_blocks: int
+    recomputed_tokens: int
+    peak_gpu_blocks_used: int
+    num_gpu_blocks: int
+    kv_utilization: float
+    tokens_per_s: float
+    preemptions_by_mode: dict[str, int] = field(default_factory=dict)
+    tokens_sampled: int = 0  # every sampled token, including ones a restart discarded
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunResult:
+    outcomes: tuple[RequestOutcome, ...]
+    metrics: RunMetrics
+    timeline: tuple[StepSample, ...] = ()

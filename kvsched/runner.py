@@ -1,0 +1,120 @@
+"""``kvsched run`` and ``kvsched run --reference``: a workload through the engine.
+
+``run_workload`` drives one engine over the whole workload (see ``kvsched.drive``).
+``run_reference`` is the ground truth: each request alone in a fresh engine whose
+cache holds its whole life (no preemption can happen), so its output is what the
+model generates for it undisturbed; a correct preempting run must produce the same
+outputs. Requests the engine refuses for their own content (empty prompt,
+``max_tokens`` < 1, a token outside the vocabulary) are rejected there too; a
+reference run never rejects a request for its size, and, each request being alone,
+never for a duplicate id.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from collections.abc import Callable, Sequence
+
+from kvsched.drive import Drive, StepCallback, drive
+from kvsched.engine_protocol import Engine
+from kvsched.results import RequestOutcome, RunMetrics, RunResult
+from kvsched.workload import WorkloadRequest
+from spec.types import SchedulerConfig
+
+EngineFactory = Callable[[SchedulerConfig], Engine]
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def metrics_of(engine: Engine, d: Drive, config: SchedulerConfig) -> RunMetrics:
+    m = engine.metrics
+    return RunMetrics(
+        steps=d.steps,
+        preemptions=d.preemptions,
+        swap_out_blocks=m.swap_out_blocks,
+        swap_in_blocks=m.swap_in_blocks,
+        recomputed_tokens=m.recomputed_tokens,
+        peak_gpu_blocks_used=m.peak_gpu_blocks_used,
+        num_gpu_blocks=config.num_gpu_blocks,
+        kv_utilization=m.kv_utilization,
+        tokens_per_s=m.tokens_per_s,
+        preemptions_by_mode=dict(d.preemptions_by_mode),
+        tokens_sampled=d.tokens_sampled,
+    )
+
+
+def run_workload(
+    engine: Engine,
+    config: SchedulerConfig,
+    workload: Sequence[WorkloadRequest],
+    *,
+    on_step: StepCallback | None = None,
+    record_timeline: bool = True,
+) -> RunResult:
+    d = drive(engine, workload, on_step=on_step, record_timeline=record_timeline)
+    return RunResult(
+        outcomes=tuple(d.outcomes),
+        metrics=metrics_of(engine, d, config),
+        timeline=tuple(d.timeline),
+    )
+
+
+def solo_config(base: SchedulerConfig, request: WorkloadRequest) -> SchedulerConfig:
+    """``base`` with a cache and a token budget that hold ``request``'s whole life."""
+    tokens = max(1, len(request.prompt) + max(request.params.max_tokens, 1))
+    return dataclasses.replace(
+        base,
+        num_gpu_blocks=_cdiv(tokens, base.block_size),
+        max_num_batched_tokens=max(base.max_num_batched_tokens, tokens),
+    )
+
+
+def run_reference(
+    make_engine: EngineFactory,
+    base: SchedulerConfig,
+    workload: Sequence[WorkloadRequest],
+    *,
+    on_step: StepCallback | None = None,
+) -> RunResult:
+    """Each request alone with an unbounded cache; metrics add up over the solo runs."""
+    outcomes: list[RequestOutcome] = []
+    runs: list[RunMetrics] = []
+    steps_before = 0
+    for i, request in enumerate(workload):
+        config = solo_config(base, request)
+        solo = dataclasses.replace(request, arrival_step=0)
+
+        def progress(steps: int, done: int, _base: int = steps_before, _i: int = i) -> None:
+            if on_step is not None:
+                on_step(_base + steps, _i + done)
+
+        result = run_workload(make_engine(config), config, [solo], on_step=progress)
+        outcomes.extend(result.outcomes)
+        runs.append(result.metrics)
+        steps_before += result.metrics.steps
+    return RunResult(outcomes=tuple(outcomes), metrics=_sum_metrics(runs))
+
+
+def _sum_metrics(runs: Sequence[RunMetrics]) -> RunMetrics:
+    steps = sum(m.steps for m in runs)
+    by_mode: Counter[str] = Counter()
+    for m in runs:
+        by_mode.update(m.preemptions_by_mode)
+    elapsed = sum(m.tokens_sampled / m.tokens_per_s for m in runs if m.tokens_per_s > 0)
+    tokens = sum(m.tokens_sampled for m in runs)
+    return RunMetrics(
+        steps=steps,
+        preemptions=sum(m.preemptions for m in runs),
+        swap_out_blocks=sum(m.swap_out_blocks for m in runs),
+        swap_in_blocks=sum(m.swap_in_blocks for m in runs),
+        recomputed_tokens=sum(m.recomputed_tokens for m in runs),
+        peak_gpu_blocks_used=max((m.peak_gpu_blocks_used for m in runs), default=0),
+        num_gpu_blocks=max((m.num_gpu_blocks for m in runs), default=0),
+        kv_utilization=(sum(m.kv_utilization * m.steps for m in runs) / steps if steps else 0.0),
+        tokens_per_s=tokens / elapsed if elapsed > 0 else 0.0,
+        preemptions_by_mode=dict(by_mode),
+        tokens_sampled=tokens,
+    )

@@ -1,0 +1,254 @@
+"""The workload file: one request per line of JSONL, its schema, parser and generator.
+
+A line is a JSON object::
+
+    {"id": "r0", "prompt": [5, 17, 3], "max_tokens": 8, "eos_token_id": null,
+     "ignore_eos": false, "priority": 0, "temperature": 0.0, "seed": 0,
+     "arrival_step": 0}
+
+``id``, ``prompt`` and ``max_tokens`` are required; the rest take the defaults of
+``SamplingParams`` (and ``arrival_step`` 0: the engine step at which the request is
+added). The schema checks field names and types only (``true`` is not an int; an
+int is accepted where a float is expected): value ranges such as an empty prompt,
+``max_tokens`` below 1 or a token outside the vocabulary are the engine's to refuse,
+so such a request reaches the engine and is reported as rejected. The one range
+checked here is the command line's own: ``arrival_step`` is not negative.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+from kvsched.distributions import IntDistribution
+from kvsched.errors import WorkloadError
+from spec.types import SamplingParams
+
+REQUIRED_FIELDS = ("id", "prompt", "max_tokens")
+OPTIONAL_FIELDS = (
+    "eos_token_id",
+    "ignore_eos",
+    "priority",
+    "temperature",
+    "seed",
+    "arrival_step",
+)
+FIELDS = REQUIRED_FIELDS + OPTIONAL_FIELDS
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkloadRequest:
+    """One line of a workload: a request and the step it arrives at."""
+
+    request_id: str
+    prompt: tuple[int, ...]
+    params: SamplingParams
+    arrival_step: int = 0
+
+    def to_json(self) -> dict[str, object]:
+        p = self.params
+        return {
+            "id": self.request_id,
+            "prompt": list(self.prompt),
+            "max_tokens": p.max_tokens,
+            "eos_token_id": p.eos_token_id,
+            "ignore_eos": p.ignore_eos,
+            "priority": p.priority,
+            "temperature": p.temperature,
+            "seed": p.seed,
+            "arrival_step": self.arrival_step,
+        }
+
+
+def _type_name(value: object) -> str:
+    if value is None:
+        return "null"
+    return {
+        bool: "bool",
+        int: "int",
+        float: "float",
+        str: "str",
+        list: "list",
+        dict: "object",
+    }.get(type(value), type(value).__name__)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+class _Line:
+    """Field readers for one parsed line; each error names path, line and field."""
+
+    def __init__(self, path: str, lineno: int, obj: Mapping[str, object]) -> None:
+        self.path = path
+        self.lineno = lineno
+        self.obj = obj
+
+    def fail(self, field: str, message: str) -> WorkloadError:
+        return WorkloadError(self.path, message, line=self.lineno, field=field)
+
+    def _get(self, field: str, expected: str, ok: Callable[[object], bool]) -> object:
+        value = self.obj[field]
+        if not ok(value):
+            raise self.fail(field, f"expected {expected}, got {_type_name(value)}")
+        return value
+
+    def str_(self, field: str) -> str:
+        value = self._get(field, "str", lambda v: isinstance(v, str))
+        assert isinstance(value, str)
+        return value
+
+    def int_(self, field: str, default: int) -> int:
+        if field not in self.obj:
+            return default
+        value = self._get(field, "int", _is_int)
+        assert isinstance(value, int)
+        return value
+
+    def opt_int(self, field: str) -> int | None:
+        if field not in self.obj:
+            return None
+        value = self._get(field, "int or null", lambda v: v is None or _is_int(v))
+        assert value is None or isinstance(value, int)
+        return value
+
+    def bool_(self, field: str, default: bool) -> bool:
+        if field not in self.obj:
+            return default
+        value = self._get(field, "bool", lambda v: isinstance(v, bool))
+        assert isinstance(value, bool)
+        return value
+
+    def float_(self, field: str, default: float) -> float:
+        if field not in self.obj:
+            return default
+        value = self._get(field, "float", lambda v: isinstance(v, float) or _is_int(v))
+        assert isinstance(value, int | float)
+        if not math.isfinite(value):
+            raise self.fail(field, f"expected a finite float, got {value}")
+        return float(value)
+
+    def token_list(self, field: str) -> tuple[int, ...]:
+        value = self._get(field, "list of int", lambda v: isinstance(v, list))
+        assert isinstance(value, list)
+        for i, item in enumerate(value):
+            if not _is_int(item):
+                raise self.fail(field, f"item {i}: expected int, got {_type_name(item)}")
+        return tuple(value)
+
+
+def _reject_constant(token: str) -> object:
+    raise ValueError(f"{token} is not valid JSON")
+
+
+def parse_line(text: str, *, path: str, lineno: int) -> WorkloadRequest:
+    """Parse one non-blank line of a workload file."""
+    try:
+        obj = json.loads(text, parse_constant=_reject_constant)
+    except ValueError as e:
+        msg = e.msg if isinstance(e, json.JSONDecodeError) else str(e)
+        col = f" (column {e.colno})" if isinstance(e, json.JSONDecodeError) else ""
+        raise WorkloadError(path, f"not valid JSON: {msg}{col}", line=lineno) from None
+    if not isinstance(obj, dict):
+        raise WorkloadError(path, f"expected a JSON object, got {_type_name(obj)}", line=lineno)
+    for field in obj:
+        if field not in FIELDS:
+            raise WorkloadError(path, "unknown field", line=lineno, field=field)
+    for field in REQUIRED_FIELDS:
+        if field not in obj:
+            raise WorkloadError(path, "missing required field", line=lineno, field=field)
+    line = _Line(path, lineno, obj)
+    request_id = line.str_("id")
+    prompt = line.token_list("prompt")
+    max_tokens = line.int_("max_tokens", 0)
+    params = SamplingParams(
+        max_tokens=max_tokens,
+        eos_token_id=line.opt_int("eos_token_id"),
+        ignore_eos=line.bool_("ignore_eos", False),
+        priority=line.int_("priority", 0),
+        temperature=line.float_("temperature", 0.0),
+        seed=line.opt_int("seed"),
+    )
+    arrival_step = line.int_("arrival_step", 0)
+    if arrival_step < 0:
+        raise line.fail("arrival_step", f"expected a non-negative int, got {arrival_step}")
+    return WorkloadRequest(
+        request_id=request_id, prompt=prompt, params=params, arrival_step=arrival_step
+    )
+
+
+def parse_lines(lines: Iterable[str], *, path: str) -> list[WorkloadRequest]:
+    """Parse a workload's lines; blank lines are skipped (and still counted)."""
+    return [
+        parse_line(text, path=path, lineno=lineno)
+        for lineno, text in enumerate(lines, start=1)
+        if text.strip()
+    ]
+
+
+def read_workload(path: str | Path) -> list[WorkloadRequest]:
+    """Read and validate a workload file (``OSError`` if it cannot be read)."""
+    name = str(path)
+    data = Path(path).read_bytes()
+    lines: list[str] = []
+    for lineno, raw in enumerate(data.splitlines(), start=1):
+        try:
+            lines.append(raw.decode("utf-8"))
+        except UnicodeDecodeError as e:
+            raise WorkloadError(name, f"not UTF-8 text: {e.reason}", line=lineno) from None
+    return parse_lines(lines, path=name)
+
+
+def dump_workload(requests: Iterable[WorkloadRequest], out: TextIO) -> None:
+    """Write ``requests`` as JSONL (the inverse of ``read_workload``)."""
+    for r in requests:
+        out.write(json.dumps(r.to_json()) + "\n")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GeneratorSettings:
+    """What ``kvsched workload`` draws; every draw comes from one ``Random(seed)``."""
+
+    num_requests: int
+    seed: int
+    prompt_len: IntDistribution
+    max_tokens: IntDistribution
+    arrival_spread: int = 0
+    vocab_size: int = 256
+    priority: IntDistribution | None = None
+    eos_token_id: int | None = None
+    ignore_eos: bool = False
+    temperature: float = 0.0
+
+
+def generate_workload(s: GeneratorSettings) -> list[WorkloadRequest]:
+    """A random workload, a pure function of the settings (and so of the seed).
+
+    Prompt tokens are uniform over ``1 .. vocab_size - 1`` (0 is left out, as the
+    seed tutorial does). Arrival steps are uniform over ``0 .. arrival_spread`` and
+    the requests are listed in arrival order (ties keep their drawing order).
+    """
+    rng = random.Random(s.seed)
+    drawn: list[WorkloadRequest] = []
+    for i in range(s.num_requests):
+        n = s.prompt_len.sample(rng)
+        prompt = tuple(rng.randint(1, s.vocab_size - 1) for _ in range(n))
+        params = SamplingParams(
+            max_tokens=s.max_tokens.sample(rng),
+            eos_token_id=s.eos_token_id,
+            ignore_eos=s.ignore_eos,
+            priority=s.priority.sample(rng) if s.priority is not None else 0,
+            temperature=s.temperature,
+            seed=rng.randrange(2**31),
+        )
+        arrival = rng.randint(0, s.arrival_spread) if s.arrival_spread > 0 else 0
+        drawn.append(
+            WorkloadRequest(request_id=f"r{i}", prompt=prompt, params=params, arrival_step=arrival)
+        )
+    return sorted(drawn, key=lambda r: r.arrival_step)

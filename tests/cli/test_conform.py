@@ -1,0 +1,105 @@
+"""``kvsched conform``: agreement on preempting workloads, and teeth against a broken engine."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+import pytest
+
+import impl.policies
+import impl.sequence
+from impl.policies import POLICIES
+from spec.types import RequestState
+from tests.cli.helpers import Invoke, WriteWorkload
+
+MODES = ["recompute", "restart", "swap"]
+
+
+def _workload() -> list[dict[str, object]]:
+    """Requests that overflow 6 blocks of 4 tokens, arrive over time, with priorities."""
+    lines: list[dict[str, object]] = [
+        {
+            "id": f"r{i}",
+            "prompt": [(11 * i + 3 * j) % 250 + 1 for j in range(3 + i % 5)],
+            "max_tokens": 4 + (3 * i) % 7,
+            "ignore_eos": i % 3 != 0,
+            "eos_token_id": 0 if i % 3 == 0 else None,
+            "priority": i % 3,
+            "arrival_step": (i // 2) * 2,
+        }
+        for i in range(8)
+    ]
+    return [
+        *lines,
+        {"id": "empty", "prompt": [], "max_tokens": 2},
+        {"id": "oov", "prompt": [5, 256], "max_tokens": 2},  # the engine's check alone
+    ]
+
+
+def _conform(invoke: Invoke, path: Path, *options: str) -> tuple[int, str, str]:
+    result = invoke(
+        "conform", str(path), "--device", "cpu", "--num-gpu-blocks", "6", "--block-size", "4",
+        "--max-num-batched-tokens", "16", *options,
+    )  # fmt: skip
+    return result.code, result.out, result.err
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+@pytest.mark.parametrize("mode", MODES)
+def test_agrees(invoke: Invoke, write_workload: WriteWorkload, mode: str, policy: str) -> None:
+    path = write_workload(_workload())
+    code, out, err = _conform(
+        invoke, path, "--preemption-mode", mode, "--policy", policy, "--num-cpu-blocks", "3"
+    )
+    assert (code, err) == (0, ""), out
+    assert out.count("\n") == 1
+    assert out.startswith("conform: ok: spec and engine agree at all ")
+    assert "(10 requests, 2 rejected, " in out
+    found = re.search(r" (\d+) preemptions?; ", out)
+    assert found is not None
+    assert int(found.group(1)) > 0
+    assert f"policy {policy}, {mode} mode" in out
+
+
+def test_chunked_prefill_off(invoke: Invoke, write_workload: WriteWorkload) -> None:
+    path = write_workload(_workload())
+    code, out, _ = _conform(invoke, path, "--no-enable-chunked-prefill")
+    assert code == 0, out
+
+
+def test_a_wrong_victim_diverges(
+    invoke: Invoke, write_workload: WriteWorkload, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """LIFO broken to preempt the first candidate instead of the last one."""
+    monkeypatch.setattr(impl.policies.Policy, "select_victim", lambda self, running, start: start)
+    path = write_workload(_workload())
+    code, out, err = _conform(invoke, path)
+    assert code == 1
+    assert err == ""
+    assert out.startswith("conform: DIVERGED at step ")
+    assert out.count("\n") == 1
+    # "step N: plan.<field>: spec <value>, engine <value>"
+    assert ": plan." in out
+    assert ", engine " in out
+
+
+def test_a_wrong_token_count_diverges(
+    invoke: Invoke, write_workload: WriteWorkload, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An engine whose ``observe()`` overstates one request's computed tokens."""
+    original = impl.sequence.Sequence.to_state
+
+    def to_state(self: impl.sequence.Sequence) -> RequestState:
+        state = original(self)
+        if self.request_id != "r3":
+            return state
+        return dataclasses.replace(state, num_computed_tokens=state.num_computed_tokens + 1)
+
+    monkeypatch.setattr(impl.sequence.Sequence, "to_state", to_state)
+    code, out, _ = _conform(invoke, write_workload(_workload()))
+    assert code == 1
+    assert out.startswith("conform: DIVERGED at step ")
+    assert ": state." in out
+    assert ".num_computed_tokens: spec " in out
