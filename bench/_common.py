@@ -1,0 +1,110 @@
+"""Shared helpers of the benchmark scripts: machine description, timing, tables."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import statistics
+import sys
+from collections.abc import Sequence
+
+import torch
+
+from model import resolve_device
+
+
+def cpu_model() -> str:
+    """The CPU model name from /proc/cpuinfo (or the platform's guess)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as info:
+            for line in info:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def load_average() -> str:
+    try:
+        one, five, fifteen = os.getloadavg()
+    except OSError:
+        return "n/a"
+    return f"{one:.2f} {five:.2f} {fifteen:.2f}"
+
+
+def machine_lines(device: torch.device | None = None) -> list[str]:
+    """What the figures were measured on (printed at the top of every script)."""
+    lines = [
+        f"date: {datetime.datetime.now(datetime.UTC).strftime('%Y-%m-%d %H:%M UTC')}",
+        f"cpu: {cpu_model()} (nproc {os.cpu_count()}), load average {load_average()}",
+        f"python {platform.python_version()}, torch {torch.__version__}, "
+        f"torch threads {torch.get_num_threads()}",
+    ]
+    if device is not None and device.type == "cuda":
+        lines.append(f"gpu: {torch.cuda.get_device_name(device)}")
+    return lines
+
+
+def print_header(title: str, command: Sequence[str], device: torch.device | None = None) -> None:
+    print(f"# {title}")
+    print(f"command: python -m {' '.join(command)}")
+    for line in machine_lines(device):
+        print(line)
+    print()
+
+
+def command_line(module: str, argv: Sequence[str] | None) -> list[str]:
+    return [module, *(sys.argv[1:] if argv is None else argv)]
+
+
+def add_common_args(parser: argparse.ArgumentParser, *, repeats: int) -> None:
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or auto (default cpu)")
+    parser.add_argument(
+        "--quick", action="store_true", help="tiny sizes: a smoke run of a few seconds"
+    )
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=repeats,
+        help=f"timed repetitions, median reported ({repeats})",
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch intra-op threads (default 1: on a shared 2-core machine more threads "
+        "spin-wait on descheduled peers and every op slows down by orders of magnitude)",
+    )
+
+
+def setup_torch(args: argparse.Namespace) -> torch.device:
+    torch.set_num_threads(max(1, int(args.threads)))
+    return resolve_device(str(args.device))
+
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values)
+
+
+def spread(values: Sequence[float]) -> str:
+    """``min..max`` of the repetitions, to show the noise beside a median."""
+    return f"{min(values):.3g}..{max(values):.3g}"
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    """A Markdown table (pastes straight into docs/benchmarks.md)."""
+    cells = [[str(h) for h in headers], *[[str(c) for c in row] for row in rows]]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    lines = ["| " + " | ".join(c.ljust(w) for c, w in zip(cells[0], widths, strict=True)) + " |"]
+    lines.append("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    for row in cells[1:]:
+        lines.append("| " + " | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) + " |")
+    return "\n".join(lines)
