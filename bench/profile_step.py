@@ -41,7 +41,8 @@ PARTS = [
     ("      paged attention (gather, QK, softmax, PV)", "model/paged_attention.py", "attend_group"),
     ("    MLP", "model/mlp.py", "forward"),
     ("    RMSNorm", "model/norm.py", "forward"),
-    ("  sampling (per request, float64 argmax)", "model/sampling.py", "sample_token"),
+    ("  sampling (one argmax for the greedy rows)", "model/sampling.py", "sample_tokens"),
+    ("  sampling (per temperature row)", "model/sampling.py", "sample_token"),
 ]
 
 

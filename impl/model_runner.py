@@ -7,7 +7,8 @@ import torch
 from impl.cache_engine import CacheEngine
 from impl.scheduler import SchedulerOutput
 from impl.sequence import Sequence
-from model import ForwardBatch, LlamaForCausalLM, Span, sample_token
+from model import ForwardBatch, LlamaForCausalLM, Span
+from model.sampling import sample_tokens
 
 
 class ModelRunner:
@@ -55,12 +56,9 @@ class ModelRunner:
             # One device->host transfer for every sampled row (exact: no rounding).
             index = torch.tensor(rows, dtype=torch.long, device=logits.device)
             picked = logits.index_select(0, index).to("cpu")
-            return [
-                sample_token(
-                    picked[k],
-                    temperature=seq.temperature,
-                    seed=seq.seed,
-                    output_index=seq.num_tokens - seq.num_prompt_tokens,
-                )
-                for k, seq in enumerate(samplers)
-            ]
+            return sample_tokens(
+                picked,
+                temperatures=[seq.temperature for seq in samplers],
+                seeds=[seq.seed for seq in samplers],
+                output_indices=[seq.num_tokens - seq.num_prompt_tokens for seq in samplers],
+            )

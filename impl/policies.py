@@ -8,25 +8,35 @@ registered under the same name in ``POLICIES``:
 * ``new_waiting_queue()`` builds the waiting queue, whose ``peek``/``pop`` walk the
   requests in the policy's order while ``stored()`` keeps the spec's stored order
   (preempted at the front, new at the tail);
-* ``can_admit(seq, ...)`` is the admission gate (every shipped policy admits all).
+* ``can_admit(seq, num_tokens, ...)`` is the admission gate (only ``reserve`` has one).
+
+A policy that keeps its own state about the running requests sets ``tracks_running``;
+the scheduler then calls ``on_run(seq)`` whenever a request enters ``running`` (admit,
+swap-in, the rollback of a preemption) and ``on_leave(seq)`` whenever one leaves it
+(preemption, finish, abort, the rollback of an admission or a swap-in), and
+``bind(config)`` once at construction.
 
 * ``lifo``: victim = the last candidate (``running.pop()``, O(1)); waiting in stored
   order (a deque);
 * ``priority``: victim = the largest ``(priority, arrival)`` (O(candidates)); waiting
   by ``(priority, arrival)`` (a heap);
 * ``fewest-outputs``: victim = fewest outputs, then longest prompt, then the latest
-  (O(candidates)); waiting in stored order.
+  (O(candidates)); waiting in stored order;
+* ``reserve``: as ``lifo``, plus a gate that admits only what the pool can hold for
+  the next ``RESERVE_HORIZON`` steps of decoding (O(1) per admission while the sum of
+  the running requests' peaks fits, O(R log R) otherwise).
 """
 
 from __future__ import annotations
 
 import heapq
+from bisect import bisect_left, insort
 from collections import deque
 from collections.abc import Callable
 from typing import Protocol
 
 from impl.sequence import Sequence
-from spec.types import ConfigError
+from spec.types import ConfigError, SchedulerConfig
 
 
 class WaitingQueue(Protocol):
@@ -95,21 +105,27 @@ class FifoWaitingQueue:
         return list(self._queue)
 
 
-class PriorityWaitingQueue:
-    """A heap on ``(priority, arrival)`` (vLLM V1's priority queue).
+class KeyedWaitingQueue:
+    """A heap on ``key(seq)``: the policy order is the order of the keys, smallest first.
 
-    The stored order is kept as a key per entry: a front insertion takes a decreasing
-    key, a tail insertion an increasing one, and ``stored()`` sorts by it (only
-    ``observe()`` needs it). ``(priority, arrival)`` is unique (arrivals are), so the
-    heap never compares two ``Sequence`` objects.
+    A subclass defines ``key``, which must be unique (end it with ``seq.arrival``) and
+    must not change while the request waits (nothing about a waiting request changes),
+    so the heap never compares two ``Sequence`` objects.
+
+    The stored order is kept as a number per entry: a front insertion takes a
+    decreasing one, a tail insertion an increasing one, and ``stored()`` sorts by it
+    (only ``observe()`` needs it).
     """
 
     __slots__ = ("_back_key", "_front_key", "_heap")
 
     def __init__(self) -> None:
-        self._heap: list[tuple[int, int, Sequence]] = []
+        self._heap: list[tuple[tuple[int, ...], Sequence]] = []
         self._front_key = 0  # next front key is _front_key - 1
         self._back_key = 0  # next back key is _back_key
+
+    def key(self, seq: Sequence) -> tuple[int, ...]:
+        raise NotImplementedError
 
     def __len__(self) -> int:
         return len(self._heap)
@@ -117,22 +133,22 @@ class PriorityWaitingQueue:
     def push_back(self, seq: Sequence) -> None:
         seq.queue_key = self._back_key
         self._back_key += 1
-        heapq.heappush(self._heap, (seq.priority, seq.arrival, seq))
+        heapq.heappush(self._heap, (self.key(seq), seq))
 
     def push_front(self, seq: Sequence) -> None:
         self._front_key -= 1
         seq.queue_key = self._front_key
-        heapq.heappush(self._heap, (seq.priority, seq.arrival, seq))
+        heapq.heappush(self._heap, (self.key(seq), seq))
 
     def peek(self) -> Sequence:
-        return self._heap[0][2]
+        return self._heap[0][1]
 
     def pop(self) -> Sequence:
-        return heapq.heappop(self._heap)[2]
+        return heapq.heappop(self._heap)[1]
 
     def unpop(self, seq: Sequence) -> None:
         # The seq keeps its queue_key, so its stored position is unchanged.
-        heapq.heappush(self._heap, (seq.priority, seq.arrival, seq))
+        heapq.heappush(self._heap, (self.key(seq), seq))
 
     def unpush_front(self, seq: Sequence) -> None:
         assert seq.queue_key == self._front_key, "rollback out of order"
@@ -142,7 +158,7 @@ class PriorityWaitingQueue:
     def remove(self, seq: Sequence) -> None:
         heap = self._heap
         for index, entry in enumerate(heap):
-            if entry[2] is seq:
+            if entry[1] is seq:
                 last = heap.pop()
                 if index < len(heap):
                     heap[index] = last
@@ -151,15 +167,29 @@ class PriorityWaitingQueue:
         raise ValueError(f"{seq.request_id!r} is not waiting")
 
     def stored(self) -> list[Sequence]:
-        return sorted((entry[2] for entry in self._heap), key=lambda seq: seq.queue_key)
+        return sorted((entry[1] for entry in self._heap), key=lambda seq: seq.queue_key)
+
+
+class PriorityWaitingQueue(KeyedWaitingQueue):
+    """A heap on ``(priority, arrival)`` (vLLM V1's priority queue)."""
+
+    __slots__ = ()
+
+    def key(self, seq: Sequence) -> tuple[int, ...]:
+        return (seq.priority, seq.arrival)
 
 
 class Policy:
     """LIFO (vLLM, nano-vllm, the seed): preempt the most recently admitted request."""
 
     name = "lifo"
-    #: False lets the scheduler skip calling ``can_admit`` (every shipped policy).
+    #: False lets the scheduler skip calling ``can_admit``.
     has_admission_gate = False
+    #: False lets the scheduler skip calling ``on_run`` / ``on_leave``.
+    tracks_running = False
+
+    def bind(self, config: SchedulerConfig) -> None:
+        """Called once by the scheduler that owns this policy, with its config."""
 
     def select_victim(self, running: list[Sequence], start: int) -> int:
         return len(running) - 1
@@ -167,9 +197,26 @@ class Policy:
     def new_waiting_queue(self) -> WaitingQueue:
         return FifoWaitingQueue()
 
-    def can_admit(self, seq: Sequence, *, num_running: int, num_free_blocks: int) -> bool:
-        """The admission gate of R8 step 3 (default: always admit)."""
+    def can_admit(
+        self, seq: Sequence, num_tokens: int, *, running: list[Sequence], num_free_blocks: int
+    ) -> bool:
+        """The admission gate of R8 step 3 (default: always admit).
+
+        Asked once the budget and block checks passed: ``seq`` would get a chunk of
+        ``num_tokens`` tokens; ``running`` is the scheduler's running list (those
+        admitted before it in this step at the tail; read it, never change it) and
+        ``num_free_blocks`` GPU blocks are free (its own chunk's blocks not yet taken).
+        """
         return True
+
+    def on_run(self, seq: Sequence) -> None:
+        """``seq`` entered ``running`` (only called if ``tracks_running``)."""
+
+    def on_leave(self, seq: Sequence) -> None:
+        """``seq`` left ``running`` (only called if ``tracks_running``)."""
+
+    def check_invariants(self, running: list[Sequence]) -> None:
+        """Assert that the policy's own state agrees with ``running`` (for tests)."""
 
 
 LifoPolicy = Policy
@@ -214,11 +261,111 @@ class FewestOutputsPolicy(Policy):
         return best
 
 
+#: ``reserve`` looks this many steps ahead (each request's tokens to sample are clipped).
+RESERVE_HORIZON = 64
+
+
+class ReservePolicy(Policy):
+    """LIFO victims plus reserve-aware admission (LightLLM's peak formula, in blocks).
+
+    Admits ``seq`` iff ``running`` is empty (liveness: an empty engine is never
+    refused) or the peak KV use of ``running + [seq]`` in the next ``RESERVE_HORIZON``
+    steps, if each of them decodes one token per step towards ``max_tokens``, fits the
+    whole GPU pool. A request with ``a + 1`` tokens (``a = num_tokens - 1``) and ``b``
+    tokens still to sample holds ``cdiv(a + k, bs)`` blocks in the ``k``-th step from
+    now, for ``k <= b``; the use ``U(k)`` peaks at a ``k`` equal to some request's
+    ``min(b, RESERVE_HORIZON)``.
+
+    Cost: O(1) when the cache is not contended: a counter keeps the sum of the
+    running requests' peaks ``cdiv(P + M - 1, bs)`` (``on_run``/``on_leave``; a
+    request's peak never changes), and if that sum plus ``seq``'s fits, so does the
+    estimate, which is never larger. Otherwise one sort and one pass,
+    O(R log R) for ``R`` running requests, only at an admission attempt (each
+    request's ``b`` changes every step, so there is nothing to keep sorted).
+    """
+
+    name = "reserve"
+    has_admission_gate = True
+    tracks_running = True
+
+    def __init__(self) -> None:
+        self.block_size = 1
+        self.num_gpu_blocks = 0
+        #: Sum of ``peak(seq)`` over the running requests.
+        self.running_peak_blocks = 0
+
+    def bind(self, config: SchedulerConfig) -> None:
+        self.block_size = config.block_size
+        self.num_gpu_blocks = config.num_gpu_blocks
+
+    def peak(self, seq: Sequence) -> int:
+        """``cdiv(P + M - 1, bs)``: the most blocks ``seq`` ever holds (``stop_len = P + M``)."""
+        return (seq.stop_len - 2) // self.block_size + 1
+
+    def on_run(self, seq: Sequence) -> None:
+        self.running_peak_blocks += self.peak(seq)
+
+    def on_leave(self, seq: Sequence) -> None:
+        self.running_peak_blocks -= self.peak(seq)
+
+    def check_invariants(self, running: list[Sequence]) -> None:
+        expected = sum(self.peak(seq) for seq in running)
+        assert self.running_peak_blocks == expected, (
+            f"reserve: running peak counter {self.running_peak_blocks} != {expected}"
+        )
+
+    def can_admit(
+        self, seq: Sequence, num_tokens: int, *, running: list[Sequence], num_free_blocks: int
+    ) -> bool:
+        if not running:
+            return True
+        capacity = self.num_gpu_blocks
+        if self.running_peak_blocks + self.peak(seq) <= capacity:
+            return True
+        return self.decode_peak([*running, seq]) <= capacity
+
+    def decode_peak(self, seqs: list[Sequence], horizon: int = RESERVE_HORIZON) -> int:
+        """``max over k <= horizon of U(k)`` (see the class doc), in O(n log n).
+
+        With ``a = q*bs + rho`` and ``k = Q*bs + kappa`` (``0 <= rho, kappa < bs``),
+        ``cdiv(a + k, bs) = q + Q + [rho + kappa >= 1] + [rho + kappa > bs]``, so
+        ``U(k)`` over the requests with ``b >= k`` is ``sum(q) + n*Q`` plus two counts
+        of ``rho`` values, read from a sorted list as the requests join in order of
+        decreasing ``b``.
+        """
+        bs = self.block_size
+        items = sorted(
+            ((min(s.stop_len - s.num_tokens, horizon), s.num_tokens - 1) for s in seqs),
+            reverse=True,
+        )
+        rhos: list[int] = []  # sorted rho of the requests with b >= k
+        sum_q = 0
+        peak = 0
+        count = len(items)
+        i = 0
+        while i < count:
+            k = items[i][0]
+            while i < count and items[i][0] == k:  # every request with this b joins
+                a = items[i][1]
+                sum_q += a // bs
+                insort(rhos, a % bs)
+                i += 1
+            big_q, kappa = divmod(k, bs)
+            n = len(rhos)
+            use = sum_q + n * big_q
+            use += n if kappa >= 1 else n - bisect_left(rhos, 1)
+            if kappa >= 1:
+                use += n - bisect_left(rhos, bs + 1 - kappa)
+            peak = max(peak, use)
+        return peak
+
+
 #: Policy name -> factory, the same names the spec registers.
 POLICIES: dict[str, Callable[[], Policy]] = {
     "lifo": LifoPolicy,
     "priority": PriorityPolicy,
     "fewest-outputs": FewestOutputsPolicy,
+    "reserve": ReservePolicy,
 }
 
 

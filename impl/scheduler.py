@@ -14,9 +14,11 @@ No torch here: the scheduler decides, the engine executes. One step is
 
 Per-step cost (``R`` running requests, ``S`` scheduled, ``W``/``W'`` waiting/swapped
 requests brought in, ``V`` victims): O(S + W + W' + blocks allocated) for phases
-A-D, plus O(R) per victim for non-LIFO policies (a scan of the candidates) and a
-``del`` (memmove) per finished request. Nothing walks the waiting queue beyond the
-requests admitted plus one, and nothing scans every live request.
+A-D, plus O(R) per victim for non-LIFO policies (a scan of the candidates), O(R log R)
+per admission attempt for ``reserve`` while the running requests' peaks overflow the
+pool (O(1) otherwise), and a ``del`` (memmove) per finished request. Nothing walks the
+waiting queue beyond the requests admitted plus one, and nothing but that ``reserve``
+estimate scans every running request.
 """
 
 from __future__ import annotations
@@ -206,6 +208,9 @@ class Scheduler:
     ) -> None:
         self.config = config
         self.policy: Policy = make_policy(config.policy)
+        self.policy.bind(config)
+        # The policy's on_run/on_leave hooks are called only if it tracks running.
+        self._track = self.policy.tracks_running
         self.vocab_size = vocab_size
         self.enable_preemption = enable_preemption
         self.block_size = config.block_size
@@ -304,6 +309,8 @@ class Scheduler:
         status = seq.status
         if status is _RUNNING:
             self.running.remove(seq)
+            if self._track:
+                self.policy.on_leave(seq)
             self.num_cached_tokens -= seq.num_computed
             self.gpu.free(seq.block_table)
         elif status is _SWAPPED:
@@ -403,6 +410,8 @@ class Scheduler:
     def _preempt(self, out: SchedulerOutput, index: int) -> None:
         """R6: free the victim's GPU blocks and requeue it by the preemption mode."""
         seq = self.running.pop(index)
+        if self._track:
+            self.policy.on_leave(seq)
         gpu_blocks = seq.block_table.copy()
         mode = self.config.preemption_mode
         if mode is PreemptionMode.SWAP and not self.cpu.can_allocate(len(gpu_blocks)):
@@ -456,6 +465,8 @@ class Scheduler:
             out.swapped_in.append((seq, cpu_blocks))
             seq.status = _RUNNING
             running.append(seq)
+            if self._track:
+                self.policy.on_run(seq)
             self.num_cached_tokens += computed
             out.num_scheduled.append(n)
             out.num_samples += n == remaining
@@ -471,6 +482,7 @@ class Scheduler:
         gpu = self.gpu
         policy = self.policy
         gate = policy.has_admission_gate
+        track = self._track
         while len(waiting):
             if len(running) >= config.max_num_seqs or budget == 0:
                 break
@@ -486,12 +498,14 @@ class Scheduler:
             free = gpu.num_free_blocks
             if num_blocks > free:
                 break
-            if gate and not policy.can_admit(seq, num_running=len(running), num_free_blocks=free):
+            if gate and not policy.can_admit(seq, n, running=running, num_free_blocks=free):
                 break
             waiting.pop()
             gpu.grow(seq.block_table, num_blocks)
             seq.status = _RUNNING
             running.append(seq)
+            if track:
+                policy.on_run(seq)
             out.num_admitted += 1
             out.num_scheduled.append(n)
             out.num_samples += samples
@@ -514,6 +528,8 @@ class Scheduler:
         num_running_chunks = len(out.num_scheduled) - len(out.swapped_in) - out.num_admitted
         for _ in range(out.num_admitted):  # phase C, last admitted first
             seq = running.pop()
+            if self._track:
+                self.policy.on_leave(seq)
             gpu.shrink(seq.block_table, 0)
             seq.status = _WAITING
             self.waiting.unpop(seq)
@@ -521,6 +537,8 @@ class Scheduler:
         for seq, cpu_blocks in reversed(out.swapped_in):  # phase B
             popped = running.pop()
             assert popped is seq, "rollback out of order"
+            if self._track:
+                self.policy.on_leave(seq)
             gpu.shrink(seq.block_table, 0)
             self.cpu.unfree(cpu_blocks)
             seq.cpu_block_table = cpu_blocks
@@ -563,6 +581,8 @@ class Scheduler:
         seq.num_preemptions -= 1
         seq.status = _RUNNING
         self.running.insert(record.running_index, seq)
+        if self._track:
+            self.policy.on_run(seq)
 
     # --- phase D ----------------------------------------------------------------------
 
@@ -638,6 +658,8 @@ class Scheduler:
         reason = FinishReason.STOP if last == seq.eos_token_id else FinishReason.LENGTH
         self.num_cached_tokens -= seq.num_computed
         self.gpu.free(seq.block_table)
+        if self._track:
+            self.policy.on_leave(seq)
         seq.status = _FINISHED
         del self.requests[seq.request_id]
         return seq.to_finished(reason)
@@ -727,5 +749,6 @@ class Scheduler:
         assert self.gpu.num_free_blocks + gpu_owned == self.gpu.num_blocks, "GPU blocks leak"
         assert self.cpu.num_free_blocks + cpu_owned == self.cpu.num_blocks, "CPU blocks leak"
         assert cached == self.num_cached_tokens, "cached-token counter drifted"
+        self.policy.check_invariants(self.running)
         self.gpu.check()
         self.cpu.check()

@@ -123,7 +123,10 @@ class LlamaForCausalLM(torch.nn.Module):
                 block_size=kv_cache.block_size,
                 num_blocks=kv_cache.num_blocks,
                 vocab_size=self.config.vocab_size,
+                num_heads=self.config.num_attention_heads,
+                num_kv_heads=self.config.num_key_value_heads,
                 invariant=self.batch_invariant,
+                dtype=self.dtype,
                 device=self.device,
             )
             rope = self._rope.lookup(

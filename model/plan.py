@@ -1,7 +1,7 @@
 """Index tensors that map a ForwardBatch onto flat token rows and cache slots.
 
 Built once per forward and shared by every layer, so per-layer work is pure tensor ops
-and the Python cost is per span, never per token.
+and the Python cost is per span (or per cache block), never per token.
 
 Batch invariance lives here, as *shapes*. What was measured on this project's CPU
 build (torch 2.13, MKL, AVX-512; same in float64, float32 and bfloat16):
@@ -18,10 +18,13 @@ So every GEMM is padded so that real elements sit only in full blocks:
 * flat token rows are padded to a multiple of ROW_TILE before the first projection, so
   every real row of every linear layer (q/k/v/o, MLP, lm_head) is in a full row block
   (the linear layers' N is the fixed weight width, so columns never vary);
-* each span's query rows are padded to a multiple of ROW_TILE, and its context (the N
-  of q @ k^T, the K of probs @ v) to a multiple of CONTEXT_TILE, masked to exact-zero
-  probabilities. 96 is a multiple of 24 and also of 32, for BLAS kernels with other
-  block widths. CONTEXT_TILE = 32 was measured to break invariance beyond 24 tokens.
+* attention folds the query heads that share a KV head into the GEMM rows, so each
+  span's queries are padded until those rows (groups x queries) are a multiple of
+  ROW_TILE: queries to a multiple of ROW_TILE / gcd(ROW_TILE, groups), e.g. 4 with two
+  query heads per KV head. Its context (the N of q @ k^T, the K of probs @ v) is padded
+  to a multiple of CONTEXT_TILE, masked to exact-zero probabilities. 96 is a multiple of
+  24 and also of 32, for BLAS kernels with other block widths. CONTEXT_TILE = 32 was
+  measured to break invariance beyond 24 tokens.
 
 Removing either padding breaks bitwise equality in every scenario of
 tests/model/test_batch_invariance.py. Attention never mixes requests: each group
@@ -29,12 +32,20 @@ attends over its own gathered slots. With `invariant=False` the padding is dropp
 (tile 1): a single decode span then runs its linear layers as GEMVs, 1.4-3.5x faster
 than the padded 8-row GEMMs on CPU for 768x3072-sized weights (no difference once 8 or
 more rows are in flight), but a request's low bits then depend on its batch-mates.
+
+The guarantee is float64's: it is what the tests check. In float32 the same padding was
+measured not to be enough (a batched or chunked request's logits differed from its solo
+run in the last bits for 99 of 246 requests), so float32 greedy outputs can differ from
+solo runs at near-ties.
 """
 
 from __future__ import annotations
 
+import math
+from array import array
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from itertools import chain
+from itertools import accumulate, chain, repeat
 
 import torch
 
@@ -51,20 +62,30 @@ def round_up(value: int, multiple: int) -> int:
 
 @dataclass(frozen=True, slots=True)
 class AttentionGroup:
-    """Spans attended in one batched call, each padded to the same query/context length.
+    """Spans of equal length attended in one batched call, padded to one query/context length.
 
-    query_rows   [num_spans * query_len]   flat token row of each (span, query) cell
-    context_slots[num_spans * context_len] cache slot of each (span, key) cell
-    blocked      [num_spans, 1, 1, query_len, context_len]  True where attention is masked
-    out_src/out_dst: which (span, query) cells are real, and their token rows.
+    Index tensors address flat row views, so that one `index_select` each gathers the
+    queries and the K/V straight into the batched-GEMM layout [kv_heads * num_spans, ...]
+    (query head h = kv * groups + g, Hugging Face's order), with no permute copies:
+
+    query_index   [kv_heads * num_spans * groups * query_len]: rows of the queries viewed
+                  as [tokens * heads, head_dim]; the first span_len query cells of a span
+                  are its tokens, the rest padding
+    context_index [kv_heads * num_spans * context_len]: rows of one layer's K (or V) viewed
+                  as [slots * kv_heads, head_dim]
+    bias          [num_spans, 1, span_len, context_len]: 0 where a real query attends,
+                  -inf where masked
+    out_src/out_dst: the real (kv head, span, group, query) cells of the attention output
+                  and their rows in the [tokens * heads, head_dim] view of `out`.
     """
 
     num_spans: int
+    span_len: int
     query_len: int
     context_len: int
-    query_rows: torch.Tensor
-    context_slots: torch.Tensor
-    blocked: torch.Tensor
+    query_index: torch.Tensor
+    context_index: torch.Tensor
+    bias: torch.Tensor
     out_src: torch.Tensor
     out_dst: torch.Tensor
 
@@ -89,146 +110,187 @@ def build_plan(
     block_size: int,
     num_blocks: int,
     vocab_size: int,
+    num_heads: int,
+    num_kv_heads: int,
     invariant: bool,
+    dtype: torch.dtype,
     device: torch.device,
 ) -> ForwardPlan:
     """Validate `batch` against the cache geometry and precompute its index tensors."""
-    if not batch.spans:
-        raise ValueError("ForwardBatch has no spans")
-    for span in batch.spans:
-        _validate_span(span, block_size=block_size, num_blocks=num_blocks, vocab_size=vocab_size)
+    spans = batch.spans
+    _validate(spans, block_size=block_size, num_blocks=num_blocks, vocab_size=vocab_size)
     row_tile = ROW_TILE if invariant else 1
-    lengths = torch.tensor([len(s.token_ids) for s in batch.spans])
-    starts = torch.tensor([s.start_pos for s in batch.spans])
-    offsets = torch.cumsum(lengths, 0) - lengths
-    num_tokens = int(lengths.sum())
-    padded = round_up(num_tokens, row_tile)
-
-    token_ids = torch.zeros(padded, dtype=torch.long)
-    token_ids[:num_tokens] = torch.tensor(
-        list(chain.from_iterable(s.token_ids for s in batch.spans))
+    offsets = list(accumulate((len(s.token_ids) for s in spans), initial=0))
+    num_tokens = offsets[-1]
+    padding = round_up(num_tokens, row_tile) - num_tokens
+    token_ids = _long_tensor(
+        chain(chain.from_iterable(s.token_ids for s in spans), repeat(0, padding))
     )
-    span_of_token = torch.repeat_interleave(torch.arange(len(batch.spans)), lengths)
-    positions = torch.zeros(padded, dtype=torch.long)
-    positions[:num_tokens] = (
-        starts[span_of_token] + torch.arange(num_tokens) - offsets[span_of_token]
+    positions = _long_tensor(
+        chain(chain.from_iterable(range(s.start_pos, s.end_pos) for s in spans), repeat(0, padding))
     )
-    tables = _block_tables(batch.spans)
-    write_slots = _slots(tables[span_of_token], positions[:num_tokens, None], block_size)[:, 0]
-    ordered = write_slots.sort().values
-    if bool((ordered[1:] == ordered[:-1]).any()):
+    slots = array(
+        "q", chain.from_iterable(r for span in spans for r in _slot_ranges(span, block_size))
+    )
+    if len(set(slots)) < num_tokens:
         # Two spans claiming one slot is a scheduler bug that would corrupt the cache silently.
         raise ValueError("spans of one ForwardBatch write the same KV cache slot")
-
-    num_spans = len(batch.spans)
-    last_rows = torch.zeros(round_up(num_spans, row_tile), dtype=torch.long)
-    last_rows[:num_spans] = offsets + lengths - 1
+    num_spans = len(spans)
+    last_rows = _long_tensor(
+        chain(
+            (end - 1 for end in offsets[1:]), repeat(0, round_up(num_spans, row_tile) - num_spans)
+        )
+    )
 
     groups = tuple(
         _group(
-            members,
-            lengths=lengths,
-            starts=starts,
-            offsets=offsets,
-            tables=tables,
+            [spans[i] for i in members],
+            [offsets[i] for i in members],
             block_size=block_size,
-            row_tile=row_tile,
+            heads=(num_heads, num_kv_heads),
+            # The attention GEMM's rows are (query group, query) pairs: padding queries to a
+            # multiple of ROW_TILE / gcd(ROW_TILE, groups) keeps those rows in full
+            # ROW_TILE blocks, like the linear layers' rows, with the least padding.
+            query_tile=row_tile // math.gcd(row_tile, num_heads // num_kv_heads),
             context_tile=CONTEXT_TILE if invariant else 1,
+            dtype=dtype,
             device=device,
         )
-        for members in _partition(batch.spans)
+        for members in _partition(spans)
     )
     return ForwardPlan(
         num_tokens=num_tokens,
         token_ids=token_ids.to(device),
         positions=positions.to(device),
-        write_slots=write_slots.to(device),
+        write_slots=torch.frombuffer(slots, dtype=torch.long).to(device),
         last_rows=last_rows.to(device),
         num_spans=num_spans,
-        max_position=max(s.end_pos for s in batch.spans) - 1,
+        max_position=max(s.end_pos for s in spans) - 1,
         groups=groups,
     )
 
 
-def _validate_span(span: Span, *, block_size: int, num_blocks: int, vocab_size: int) -> None:
-    if not span.token_ids:
-        raise ValueError("a Span must carry at least one token")
-    if span.start_pos < 0:
-        raise ValueError(f"Span.start_pos must be >= 0, got {span.start_pos}")
-    if len(span.block_table) * block_size < span.end_pos:
-        raise ValueError(
-            f"block table of {len(span.block_table)} blocks x {block_size} slots cannot "
-            f"hold positions up to {span.end_pos - 1}"
+def _long_tensor(values: Iterable[int]) -> torch.Tensor:
+    """1-D int64 CPU tensor of `values`.
+
+    Built through `array`: several times faster than `torch.tensor` on a long Python list.
+    """
+    return torch.frombuffer(array("q", values), dtype=torch.long)
+
+
+def _validate(
+    spans: tuple[Span, ...], *, block_size: int, num_blocks: int, vocab_size: int
+) -> None:
+    if not spans:
+        raise ValueError("ForwardBatch has no spans")
+    for span in spans:
+        if not span.token_ids:
+            raise ValueError("a Span must carry at least one token")
+        if span.start_pos < 0:
+            raise ValueError(f"Span.start_pos must be >= 0, got {span.start_pos}")
+        if len(span.block_table) * block_size < span.end_pos:
+            raise ValueError(
+                f"block table of {len(span.block_table)} blocks x {block_size} slots cannot "
+                f"hold positions up to {span.end_pos - 1}"
+            )
+    # Range checks over the whole batch at once (min/max run in C); the span is only
+    # looked up to word the error.
+    blocks = array("q", chain.from_iterable(s.block_table for s in spans))
+    if min(blocks) < 0 or max(blocks) >= num_blocks:
+        table = next(
+            s.block_table
+            for s in spans
+            if not 0 <= min(s.block_table) <= max(s.block_table) < num_blocks
         )
-    if span.block_table and (min(span.block_table) < 0 or max(span.block_table) >= num_blocks):
-        raise IndexError(f"block id out of range [0, {num_blocks}): {span.block_table}")
-    if min(span.token_ids) < 0 or max(span.token_ids) >= vocab_size:
+        raise IndexError(f"block id out of range [0, {num_blocks}): {table}")
+    tokens = array("q", chain.from_iterable(s.token_ids for s in spans))
+    if min(tokens) < 0 or max(tokens) >= vocab_size:
         raise IndexError(f"token id out of range [0, {vocab_size})")
 
 
 def _partition(spans: tuple[Span, ...]) -> list[list[int]]:
-    """All single-token (decode) spans share one group; each longer span gets its own.
+    """Single-token (decode) spans are grouped by context tile; each longer span is alone.
 
     Decode spans have equal query counts, so batching them wastes nothing on queries and
-    saves a Python round trip per request; a prefill chunk padded to a batch-mate's length
-    would waste quadratic work, so it stays alone.
+    saves a Python round trip per request; splitting them by CONTEXT_TILE bucket keeps a
+    short context from being padded to a long batch-mate's (the gather, both GEMMs and
+    the softmax scale with the padded context). A prefill chunk padded to a batch-mate's
+    length would waste quadratic work, so it stays alone. Either way the spans of a
+    group have one length, which `AttentionGroup` relies on.
     """
-    decode = [i for i, s in enumerate(spans) if len(s.token_ids) == 1]
-    prefill = [[i] for i, s in enumerate(spans) if len(s.token_ids) > 1]
-    return ([decode] if decode else []) + prefill
+    decode: dict[int, list[int]] = {}
+    prefill: list[list[int]] = []
+    for i, span in enumerate(spans):
+        if len(span.token_ids) == 1:
+            decode.setdefault(-(-span.end_pos // CONTEXT_TILE), []).append(i)
+        else:
+            prefill.append([i])
+    return [decode[tile] for tile in sorted(decode)] + prefill
 
 
-def _block_tables(spans: tuple[Span, ...]) -> torch.Tensor:
-    """[num_spans, max_blocks] block ids, ragged rows padded with block 0 (never read unmasked)."""
-    width = max(len(s.block_table) for s in spans)
-    return torch.tensor([list(s.block_table) + [0] * (width - len(s.block_table)) for s in spans])
-
-
-def _slots(tables: torch.Tensor, positions: torch.Tensor, block_size: int) -> torch.Tensor:
-    """Cache slot of each position, given each position's block table row."""
-    block_index = (positions // block_size).clamp(max=tables.shape[-1] - 1)
-    blocks = tables.gather(-1, block_index)
-    return blocks * block_size + positions % block_size
+def _slot_ranges(span: Span, block_size: int) -> Iterator[range]:
+    """Cache slots of the span's positions, as one range per block (not per token)."""
+    for block in range(span.start_pos // block_size, (span.end_pos - 1) // block_size + 1):
+        first = block * block_size
+        base = span.block_table[block] * block_size - first
+        yield range(base + max(span.start_pos, first), base + min(span.end_pos, first + block_size))
 
 
 def _group(
-    members: list[int],
+    spans: list[Span],
+    offsets: list[int],
     *,
-    lengths: torch.Tensor,
-    starts: torch.Tensor,
-    offsets: torch.Tensor,
-    tables: torch.Tensor,
     block_size: int,
-    row_tile: int,
+    heads: tuple[int, int],
+    query_tile: int,
     context_tile: int,
+    dtype: torch.dtype,
     device: torch.device,
 ) -> AttentionGroup:
-    index = torch.tensor(members)
-    lengths, starts, offsets, tables = lengths[index], starts[index], offsets[index], tables[index]
-    query_len = round_up(int(lengths.max()), row_tile)
-    context_len = round_up(int((starts + lengths).max()), context_tile)
+    """Index tensors of one group of equally long spans; `offsets`: their first token rows."""
+    num_spans = len(spans)
+    num_heads, num_kv_heads = heads
+    span_len = len(spans[0].token_ids)
+    query_len = round_up(span_len, query_tile)
+    context_len = round_up(max(s.end_pos for s in spans), context_tile)
+    offset, start = _long_tensor(chain(offsets, (s.start_pos for s in spans))).view(2, num_spans, 1)
 
-    # Padding query cells repeat the span's last real query: finite values, never NaN
-    # from an all-masked row, and their outputs are simply discarded.
-    column = torch.arange(query_len)[None, :]
-    clamped = torch.minimum(column, (lengths - 1)[:, None])
-    query_rows = offsets[:, None] + clamped
-    query_pos = starts[:, None] + clamped
-    real = column < lengths[:, None]
+    # Cell (kv, span, g, query) reads query head kv * groups + g of its token row. Padding
+    # query cells repeat the span's last query: rows of finite values, discarded later.
+    column = torch.arange(query_len)
+    head = torch.arange(num_heads).view(num_kv_heads, 1, -1, 1)
+    query_index = (offset + column.clamp(max=span_len - 1))[None, :, None, :] * num_heads + head
 
-    key_pos = torch.arange(context_len)
-    context_slots = _slots(tables, key_pos.expand(len(members), context_len), block_size)
+    # Slot of every key position below context_len; block tables are cut or padded (with
+    # block 0: finite values, always masked) to the blocks that cover context_len.
+    width = -(-context_len // block_size)
+    tables = _long_tensor(
+        chain.from_iterable(
+            chain(s.block_table[:width], repeat(0, width - len(s.block_table))) for s in spans
+        )
+    )
+    slots = (tables.view(num_spans, width, 1) * block_size + torch.arange(block_size)).view(
+        num_spans, -1
+    )[:, :context_len]
+    context_index = slots[None] * num_kv_heads + torch.arange(num_kv_heads).view(-1, 1, 1)
+
     # Causal: a query sees keys at positions <= its own; padding keys (beyond the span's
-    # end) are above every real query position, so this also masks them.
-    blocked = key_pos[None, None, :] > query_pos[:, :, None]
+    # end) are above every real query position, so this also masks them. Adding -inf
+    # masks exactly like masked_fill (and adding 0 leaves a score unchanged) at a fraction
+    # of masked_fill's cost with a broadcast mask.
+    query_pos = start + column[:span_len]
+    blocked = torch.arange(context_len) > query_pos[:, :, None]
+    bias = torch.where(blocked, float("-inf"), torch.zeros((), dtype=dtype))
 
+    cells = torch.arange(query_index.numel()).view(query_index.shape)
     return AttentionGroup(
-        num_spans=len(members),
+        num_spans=num_spans,
+        span_len=span_len,
         query_len=query_len,
         context_len=context_len,
-        query_rows=query_rows.reshape(-1).to(device),
-        context_slots=context_slots.reshape(-1).to(device),
-        blocked=blocked[:, None, None].to(device),
-        out_src=real.reshape(-1).nonzero().squeeze(1).to(device),
-        out_dst=query_rows[real].to(device),
+        query_index=query_index.reshape(-1).to(device),
+        context_index=context_index.reshape(-1).to(device),
+        bias=bias[:, None].to(device),
+        out_src=cells[..., :span_len].reshape(-1).to(device),
+        out_dst=query_index[..., :span_len].reshape(-1).to(device),
     )

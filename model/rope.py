@@ -37,7 +37,7 @@ class RotaryTable:
         if table is None or table[0].shape[0] != self._cos.shape[0]:
             table = (self._cos.to(positions.device, dtype), self._sin.to(positions.device, dtype))
             self._converted[key] = table
-        return table[0][positions], table[1][positions]
+        return table[0].index_select(0, positions), table[1].index_select(0, positions)
 
     def _grow(self, length: int) -> None:
         if length <= self._cos.shape[0]:

@@ -102,6 +102,11 @@ def _request_violations(state: SchedulerState, queue: str, request: RequestState
         found.append(f"R10: {queue} request {rid!r} sampled EOS but did not finish")
     if request.num_preemptions < 0:
         found.append(f"R6: {queue} request {rid!r} has num_preemptions < 0")
+    mode = state.config.preemption_mode
+    if queue == "swapped" and mode is not PreemptionMode.SWAP:
+        found.append(f"R6: request {rid!r} is swapped, but {mode} mode never swaps")
+    if queue == "waiting" and mode is PreemptionMode.RESTART and request.output_token_ids:
+        found.append(f"R6: waiting request {rid!r} kept outputs, but restart mode drops them")
     if not 0 <= request.request.arrival < state.next_arrival:
         found.append(
             f"R4: {queue} request {rid!r} has arrival {request.request.arrival} outside "
@@ -120,6 +125,12 @@ def state_violations(state: SchedulerState) -> tuple[str, ...]:
       ``1 <= computed < num_tokens``;
     - R4: every live request has a prompt, ``max_tokens >= 1`` and could fit alone;
       arrivals are unique and below ``next_arrival``;
+    - R6: only swap mode swaps (``swapped`` is empty in the other modes), and restart
+      mode drops a victim's outputs (a waiting request has none). Found by CrossHair
+      (``spec.contracts.head_progresses``): without these, a state that no run reaches
+      (in restart mode with chunked prefill off, a swapped request, or a waiting one
+      with outputs, whose re-prefill exceeds the budget) would satisfy every other
+      rule and never be served;
     - R10: a live request has fewer than ``max_tokens`` outputs and no EOS among them
       (unless ``ignore_eos``): otherwise it would have finished;
     - R9: the configured policy is registered; counters are not negative.
@@ -148,6 +159,42 @@ def state_violations(state: SchedulerState) -> tuple[str, ...]:
 def check_state(state: SchedulerState) -> bool:
     """True when ``state`` is a valid state between steps (no ``state_violations``)."""
     return not state_violations(state)
+
+
+def kv_conserved_mid_step(state_mid: SchedulerState, scheduled: tuple[ScheduledChunk, ...]) -> bool:
+    """R2 in the middle of a step: blocks are conserved once the chunks hold theirs.
+
+    During phases A-C a scheduled running request already owns the blocks of its
+    chunk, ``cdiv(computed + n, bs)``, and an unscheduled one ``cdiv(computed, bs)``;
+    a swapped one owns ``cdiv(computed, bs)`` CPU blocks. Both pools then have
+    ``free >= 0`` and ``free + owned == total``, every chunk names a different running
+    request, and at most ``max_num_seqs`` requests run. (Between steps, with no chunk,
+    this is the R2 part of ``state_violations``.)
+    """
+    config = state_mid.config
+    bs = config.block_size
+    chunk_of = {chunk.request_id: chunk.num_tokens for chunk in scheduled}
+    running_ids = {r.request_id for r in state_mid.running}
+    if len(chunk_of) != len(scheduled) or not chunk_of.keys() <= running_ids:
+        return False
+    gpu_owned = sum(
+        blocks_held(max(r.num_computed_tokens + chunk_of.get(r.request_id, 0), 0), bs)
+        for r in state_mid.running
+    )
+    cpu_owned = sum(blocks_held(max(r.num_computed_tokens, 0), bs) for r in state_mid.swapped)
+    return (
+        state_mid.num_free_gpu_blocks >= 0
+        and state_mid.num_free_cpu_blocks >= 0
+        and state_mid.num_free_gpu_blocks + gpu_owned == config.num_gpu_blocks
+        and state_mid.num_free_cpu_blocks + cpu_owned == config.num_cpu_blocks
+        and len(state_mid.running) <= config.max_num_seqs
+    )
+
+
+def live_ids_sorted(state: SchedulerState) -> list[str]:
+    """The ids of every live request, sorted: equal before and after a step's phases A-C
+    (no request lost or duplicated, R1)."""
+    return sorted(r.request_id for r in (*state.waiting, *state.running, *state.swapped))
 
 
 # --- a step --------------------------------------------------------------------------

@@ -62,6 +62,7 @@ def max_cached_tokens(prompt_len: int, max_tokens: int) -> int:
     pre: prompt_len >= 1
     pre: max_tokens >= 1
     post: __return__ >= prompt_len
+    post: __return__ == prompt_len + max_tokens - 1
     """
     return prompt_len + max_tokens - 1
 
@@ -76,7 +77,8 @@ def largest_prefill(prompt_len: int, max_tokens: int, mode: PreemptionMode) -> i
     pre: prompt_len >= 1
     pre: max_tokens >= 1
     post: prompt_len <= __return__ <= max_cached_tokens(prompt_len, max_tokens)
-    """
+    post: (__return__ == prompt_len) if mode is PreemptionMode.RESTART else (__return__ == max_cached_tokens(prompt_len, max_tokens))
+    """  # noqa: E501
     if mode is PreemptionMode.RESTART:
         return prompt_len
     return max_cached_tokens(prompt_len, max_tokens)
@@ -95,6 +97,7 @@ def never_fits(config: SchedulerConfig, prompt_len: int, max_tokens: int) -> boo
     pre: max_tokens >= 1
     post: __return__ or blocks_held(max_cached_tokens(prompt_len, max_tokens), config.block_size) <= config.num_gpu_blocks
     post: __return__ or config.enable_chunked_prefill or largest_prefill(prompt_len, max_tokens, config.preemption_mode) <= config.max_num_batched_tokens
+    post: not __return__ or blocks_held(max_cached_tokens(prompt_len, max_tokens), config.block_size) > config.num_gpu_blocks or (not config.enable_chunked_prefill and largest_prefill(prompt_len, max_tokens, config.preemption_mode) > config.max_num_batched_tokens)
     """  # noqa: E501
     cached = max_cached_tokens(prompt_len, max_tokens)
     if blocks_held(cached, config.block_size) > config.num_gpu_blocks:
@@ -115,6 +118,7 @@ def chunk_for_prefill(remaining: int, budget: int, chunked_prefill: bool) -> int
     pre: budget >= 1
     post: 1 <= __return__ <= remaining
     post: not chunked_prefill or __return__ <= budget
+    post: __return__ == (min(remaining, budget) if chunked_prefill else remaining)
     """
     if chunked_prefill:
         return min(remaining, budget)

@@ -57,7 +57,9 @@ def find_request(state: SchedulerState, request_id: str) -> tuple[Queue, int] | 
     """Where the live request ``request_id`` is (R1): its queue and index, or None.
 
     post: __return__ is None or __return__[1] >= 0
-    """
+    post: __return__ is None or getattr(state, __return__[0])[__return__[1]].request_id == request_id
+    post: __return__ is not None or request_id not in live_request_ids(state)
+    """  # noqa: E501
     queues: tuple[tuple[Queue, tuple[RequestState, ...]], ...] = (
         ("waiting", state.waiting),
         ("running", state.running),
@@ -71,12 +73,18 @@ def find_request(state: SchedulerState, request_id: str) -> tuple[Queue, int] | 
 
 
 def is_live(state: SchedulerState, request_id: str) -> bool:
-    """Whether ``request_id`` names a request in one of the queues (R1)."""
+    """Whether ``request_id`` names a request in one of the queues (R1).
+
+    post: __return__ == (request_id in live_request_ids(state))
+    """
     return find_request(state, request_id) is not None
 
 
 def live_request_ids(state: SchedulerState) -> tuple[str, ...]:
-    """Every live id: waiting, then running, then swapped, each in queue order (R1)."""
+    """Every live id: waiting, then running, then swapped, each in queue order (R1).
+
+    post: len(__return__) == len(state.waiting) + len(state.running) + len(state.swapped)
+    """
     return tuple(r.request_id for r in (*state.waiting, *state.running, *state.swapped))
 
 
@@ -89,7 +97,10 @@ def has_unfinished_requests(state: SchedulerState) -> bool:
 
 
 def num_unfinished_requests(state: SchedulerState) -> int:
-    """How many requests are live."""
+    """How many requests are live.
+
+    post: __return__ == len(live_request_ids(state))
+    """
     return len(state.waiting) + len(state.running) + len(state.swapped)
 
 
@@ -157,11 +168,10 @@ def add_request(
 
     pre: check_state(state)
     post: check_state(__return__)
-    post: __return__.waiting[:-1] == state.waiting
-    post: __return__.waiting[-1].request.arrival == state.next_arrival
-    post: __return__.next_arrival == state.next_arrival + 1
+    post: __return__ == replace(state, waiting=(*state.waiting, __return__.waiting[-1]), next_arrival=state.next_arrival + 1)
+    post: __return__.waiting[-1] == RequestState(request=Request(request_id=request_id, prompt_token_ids=tuple(prompt_token_ids), params=params, arrival=state.next_arrival))
     raises: EmptyPromptError, InvalidMaxTokensError, DuplicateRequestError, RequestTooLargeError
-    """
+    """  # noqa: E501
     prompt = tuple(prompt_token_ids)
     check_new_request(state, request_id, len(prompt), params)
     request = Request(
@@ -211,10 +221,8 @@ def abort_request(state: SchedulerState, request_id: str) -> tuple[SchedulerStat
 
     pre: check_state(state)
     post: check_state(__return__[0])
-    post: __return__[1].finish_reason == FinishReason.ABORTED
-    post: not is_live(__return__[0], request_id)
-    post: __return__[0].num_free_gpu_blocks == state.num_free_gpu_blocks + blocks_owned(state, request_id)[0]
-    post: __return__[0].num_free_cpu_blocks == state.num_free_cpu_blocks + blocks_owned(state, request_id)[1]
+    post: (__return__[0].num_free_gpu_blocks, __return__[0].num_free_cpu_blocks) == (state.num_free_gpu_blocks + blocks_owned(state, request_id)[0], state.num_free_cpu_blocks + blocks_owned(state, request_id)[1])
+    post: live_request_ids(__return__[0]) == tuple(rid for rid in live_request_ids(state) if rid != request_id) and (__return__[1].request_id, __return__[1].finish_reason) == (request_id, FinishReason.ABORTED)
     raises: UnknownRequestError
     """  # noqa: E501
     where = find_request(state, request_id)

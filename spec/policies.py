@@ -21,7 +21,13 @@ name                      victim                                       waiting o
 ``priority``              the largest ``(priority, arrival)``          by ``(priority, arrival)``
 ``fewest-outputs``        fewest outputs; ties: longest prompt; then   stored order
                           the latest in running order
+``reserve``               as ``lifo``                                  stored order
 ========================  ===========================================  ======================
+
+``reserve`` is the one shipped policy with an admission gate (``reserve_admit``): it
+admits a request only if the running requests and it can all keep decoding for the next
+``RESERVE_HORIZON`` steps without running out of blocks, and it never refuses when
+``running`` is empty.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
+from spec.kv import cdiv, max_cached_tokens
 from spec.types import ConfigError, RequestState, SchedulerState
 
 VictimSelector = Callable[[tuple[RequestState, ...]], int]
@@ -84,6 +91,7 @@ def priority_order(waiting: tuple[RequestState, ...]) -> tuple[RequestState, ...
 
     post: sorted(__return__, key=_priority_key) == list(__return__)
     post: len(__return__) == len(waiting)
+    post: all(__return__.count(r) == waiting.count(r) for r in waiting)
     """
     return tuple(sorted(waiting, key=_priority_key))
 
@@ -102,8 +110,97 @@ def fewest_outputs_victim(candidates: tuple[RequestState, ...]) -> int:
     pre: len(candidates) >= 1
     post: 0 <= __return__ < len(candidates)
     post: all(len(c.output_token_ids) >= len(candidates[__return__].output_token_ids) for c in candidates)
+    post: all(_fewest_outputs_key(candidates, i) <= _fewest_outputs_key(candidates, __return__) for i in range(len(candidates)))
     """  # noqa: E501
     return max(range(len(candidates)), key=lambda i: _fewest_outputs_key(candidates, i))
+
+
+def peak_blocks(request: RequestState, block_size: int) -> int:
+    """The most GPU blocks ``request`` can ever hold: ``cdiv(L, bs)``, ``L = P + M - 1`` (R4).
+
+    pre: block_size >= 1
+    pre: len(request.request.prompt_token_ids) >= 1
+    pre: request.request.params.max_tokens >= 1
+    post: __return__ >= 1
+    """
+    prompt_len = len(request.request.prompt_token_ids)
+    return cdiv(max_cached_tokens(prompt_len, request.request.params.max_tokens), block_size)
+
+
+RESERVE_HORIZON = 64
+"""``reserve`` looks this many steps ahead: each request's tokens still to sample are
+clipped to it (SGLang clips its estimate the same way, at 4096 tokens)."""
+
+
+def decode_peak_blocks(requests: tuple[RequestState, ...], block_size: int, horizon: int) -> int:
+    """``reserve``: the most GPU blocks ``requests`` hold in the next ``horizon`` steps.
+
+    The estimate (LightLLM's ``_can_add_new_req``, counted in blocks, with
+    ``max_tokens`` as the output length): from now on each request samples one token
+    per step until it has ``max_tokens`` outputs. In the ``k``-th step from now, a
+    request with ``b = M - outputs`` tokens still to sample (``k <= b``) has
+    ``num_tokens + k - 1`` tokens in the cache, hence ``cdiv(num_tokens + k - 1, bs)``
+    blocks; after its ``b``-th step it finishes and frees them. The use in step ``k``,
+    ``U(k) = sum over the requests with b >= k of cdiv(num_tokens + k - 1, bs)``,
+    only grows with ``k`` until a request finishes, so its maximum over
+    ``1 <= k <= horizon`` is at a ``k`` equal to some request's ``min(b, horizon)``.
+
+    pre: block_size >= 1
+    pre: horizon >= 1
+    pre: all(len(r.request.prompt_token_ids) >= 1 for r in requests)
+    pre: all(len(r.output_token_ids) < r.request.params.max_tokens for r in requests)
+    post: sum(cdiv(r.num_tokens, block_size) for r in requests) <= __return__
+    post: __return__ <= sum(peak_blocks(r, block_size) for r in requests)
+    """
+    to_sample = [
+        min(r.request.params.max_tokens - len(r.output_token_ids), horizon) for r in requests
+    ]
+    return max(
+        (
+            sum(
+                cdiv(r.num_tokens + k - 1, block_size)
+                for r, b in zip(requests, to_sample, strict=True)
+                if b >= k
+            )
+            for k in set(to_sample)
+        ),
+        default=0,
+    )
+
+
+def reserve_admit(state: SchedulerState, candidate: RequestState, num_tokens: int) -> bool:
+    """``reserve`` admission gate (R9): admit only what can keep decoding together.
+
+    Liveness rule: **it never refuses when ``running`` is empty** (the mid-step
+    ``running``, with the requests admitted before the candidate in this step). Then
+    the candidate is admitted exactly as under ``lifo`` (it fits alone, R4), so the
+    liveness argument and the drain bound of ``lifo`` (docs/semantics.md) hold for
+    ``reserve`` too; a gate that could refuse an empty engine could leave the head of
+    ``waiting`` there forever.
+
+    Otherwise it admits iff ``decode_peak_blocks(running + (candidate,))``, the peak
+    KV use in the next ``RESERVE_HORIZON`` steps if every one of them decodes one
+    token per step towards ``max_tokens``, fits the ``num_gpu_blocks`` of the whole
+    pool. This charges each request an estimate of its future decode KV at
+    admission, as SGLang and LightLLM do (LightLLM's exact peak formula with
+    ``max_tokens`` as the estimate, clipped like SGLang's; tighter than SGLang's sum
+    of every request's remaining growth): with every request decoding each step,
+    nothing admitted is preempted within ``RESERVE_HORIZON`` steps. ``num_tokens``
+    (the candidate's chunk) does not enter: the estimate counts whole prefills.
+
+    pre: num_tokens >= 1
+    pre: len(candidate.request.prompt_token_ids) >= 1
+    pre: len(candidate.output_token_ids) < candidate.request.params.max_tokens
+    pre: all(len(r.request.prompt_token_ids) >= 1 for r in state.running)
+    pre: all(len(r.output_token_ids) < r.request.params.max_tokens for r in state.running)
+    post: __return__ or len(state.running) > 0
+    post: __return__ == (not state.running or decode_peak_blocks((*state.running, candidate), state.config.block_size, RESERVE_HORIZON) <= state.config.num_gpu_blocks)
+    """  # noqa: E501
+    if not state.running:
+        return True
+    config = state.config
+    peak = decode_peak_blocks((*state.running, candidate), config.block_size, RESERVE_HORIZON)
+    return peak <= config.num_gpu_blocks
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -122,14 +219,29 @@ FEWEST_OUTPUTS = Policy(
     name="fewest-outputs", select_victim=fewest_outputs_victim, order_waiting=stored_order
 )
 
+RESERVE = Policy(
+    name="reserve", select_victim=lifo_victim, order_waiting=stored_order, can_admit=reserve_admit
+)
+
 POLICIES: Mapping[str, Policy] = MappingProxyType(
-    {policy.name: policy for policy in (LIFO, PRIORITY, FEWEST_OUTPUTS)}
+    {
+        policy.name: policy
+        for policy in (
+            LIFO,
+            PRIORITY,
+            FEWEST_OUTPUTS,
+            RESERVE,
+        )
+    }
 )
 """The registry (read-only): ``SchedulerConfig.policy`` names one of these."""
 
 
 def is_registered(name: str) -> bool:
-    """Whether ``name`` names a registered policy."""
+    """Whether ``name`` names a registered policy.
+
+    post: __return__ == (name in POLICIES)
+    """
     return name in POLICIES
 
 
@@ -155,6 +267,7 @@ def select_victim(policy: Policy, candidates: tuple[RequestState, ...]) -> int:
 
     pre: len(candidates) >= 1
     post: 0 <= __return__ < len(candidates)
+    post: __return__ == policy.select_victim(candidates)
     raises: ConfigError
     """
     index = policy.select_victim(candidates)

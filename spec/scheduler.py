@@ -23,9 +23,14 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
-from spec.invariants import check_state  # noqa: F401  (used by the PEP 316 contracts)
+from spec.invariants import (  # noqa: F401  (used by the PEP 316 contracts)
+    check_plan,
+    check_state,
+    kv_conserved_mid_step,
+    live_ids_sorted,
+)
 from spec.kv import blocks_held, blocks_needed, cdiv, chunk_for_prefill
-from spec.policies import always_admit, get_policy, select_victim
+from spec.policies import Policy, always_admit, get_policy, select_victim
 from spec.types import (
     FinishedRequest,
     FinishReason,
@@ -60,8 +65,53 @@ class StepDraft:
     swapped_in: tuple[str, ...] = ()
 
 
+def draft_violations(before: StepDraft, after: StepDraft) -> tuple[str, ...]:
+    """What each of phases A-C must keep, one readable line per broken rule.
+
+    - R2 in the middle of a step: ``kv_conserved_mid_step(after.state, after.scheduled)``
+      (blocks conserved with every chunk holding its blocks; at most ``max_num_seqs``
+      running);
+    - R5: the plan only grows (earlier chunks, victims and swap-ins are kept); every new
+      chunk has ``1 <= n <= num_tokens - computed`` tokens, starts at its request's
+      computed count and names a running request; the budget goes down by exactly the
+      new chunks' tokens and stays ``>= 0``;
+    - R1: no request is lost or duplicated (the same live ids).
+
+    The contracts of the three phases are ``draft_violations(draft, __return__) == ()``.
+    """
+    found: list[str] = []
+    old = len(before.scheduled)
+    if after.scheduled[:old] != before.scheduled:
+        found.append("R5: an earlier chunk changed")
+    if after.preempted[: len(before.preempted)] != before.preempted:
+        found.append("R6: an earlier preemption changed")
+    if after.swapped_in[: len(before.swapped_in)] != before.swapped_in:
+        found.append("R7: an earlier swap-in changed")
+    new = after.scheduled[old:]
+    if after.budget != before.budget - sum(c.num_tokens for c in new) or after.budget < 0:
+        found.append(f"R5: budget {before.budget} -> {after.budget} for {len(new)} new chunks")
+    running = {r.request_id: r for r in after.state.running}
+    for chunk in new:
+        request = running.get(chunk.request_id)
+        if request is None:
+            found.append(f"R5: chunk of {chunk.request_id!r}, which is not running")
+        elif chunk.start != request.num_computed_tokens or not (
+            1 <= chunk.num_tokens <= request.num_tokens - chunk.start
+        ):
+            found.append(f"R5: chunk {chunk} does not fit {chunk.request_id!r}")
+    if not kv_conserved_mid_step(after.state, after.scheduled):
+        found.append("R2: blocks not conserved mid-step (or too many running)")
+    if live_ids_sorted(after.state) != live_ids_sorted(before.state):
+        found.append("R1: a request was lost or duplicated")
+    return tuple(found)
+
+
 def plan_tokens(plan: StepPlan) -> int:
-    """The tokens a plan schedules, to compare with ``max_num_batched_tokens``."""
+    """The tokens a plan schedules, to compare with ``max_num_batched_tokens``.
+
+    pre: all(chunk.num_tokens >= 1 for chunk in plan.scheduled)
+    post: __return__ >= len(plan.scheduled)
+    """
     return sum(chunk.num_tokens for chunk in plan.scheduled)
 
 
@@ -142,6 +192,19 @@ def preempt(
 # --- phase A: running requests (R5) ---------------------------------------------------
 
 
+def choose_victim(policy: Policy, running: tuple[RequestState, ...], i: int) -> int:
+    """R5 step 3: the index in ``running`` of the victim when ``running[i]`` needs blocks.
+
+    The candidates are ``running[i:]``: the current request and the ones after it,
+    never one already scheduled in this step; the victim is the one the policy names.
+
+    pre: 0 <= i < len(running)
+    post: i <= __return__ < len(running)
+    post: __return__ == i + policy.select_victim(running[i:])
+    """
+    return i + select_victim(policy, running[i:])
+
+
 def schedule_running(draft: StepDraft) -> StepDraft:
     """Phase A (R5): serve ``running`` from the head, preempting when blocks run out.
 
@@ -167,9 +230,9 @@ def schedule_running(draft: StepDraft) -> StepDraft:
     pre: check_state(draft.state)
     pre: draft.budget == draft.state.config.max_num_batched_tokens
     pre: draft.scheduled == () and draft.preempted == () and draft.swapped_in == ()
-    post: 0 <= __return__.budget <= draft.budget
-    post: len(__return__.state.running) + len(__return__.preempted) == len(draft.state.running)
-    """
+    post: draft_violations(draft, __return__) == ()
+    post: [c.request_id for c in __return__.scheduled] == [r.request_id for r in __return__.state.running[: len(__return__.scheduled)]] and len(__return__.state.running) + len(__return__.preempted) == len(draft.state.running)
+    """  # noqa: E501
     state = draft.state
     config = state.config
     policy = get_policy(config.policy)
@@ -190,7 +253,7 @@ def schedule_running(draft: StepDraft) -> StepDraft:
         n = min(request.num_tokens - computed, budget)
         need = blocks_needed(computed, n, bs)
         while need > free:
-            k = i + select_victim(policy, tuple(running[i:]))
+            k = choose_victim(policy, tuple(running), i)
             victim = running.pop(k)
             free += blocks_held(victim.num_computed_tokens, bs)
             after, mode = preempt(victim, config, free_cpu)
@@ -247,9 +310,14 @@ def swap_in_requests(draft: StepDraft) -> StepDraft:
        K/V is copied back into the first ``cdiv(computed, bs)``), it goes to the tail of
        ``running``, its id is appended to ``swapped_in`` and chunk (r, n) is scheduled.
 
-    (Its input is a mid-step value, for which no simple precondition exists; its
-    contracts are those of ``schedule``.)
-    """
+    Its input is a mid-step value: blocks conserved with the chunks scheduled so far
+    holding theirs, and what is left of the budget.
+
+    pre: kv_conserved_mid_step(draft.state, draft.scheduled)
+    pre: 0 <= draft.budget <= draft.state.config.max_num_batched_tokens
+    post: draft_violations(draft, __return__) == ()
+    post: __return__.swapped_in == draft.swapped_in + tuple(r.request_id for r in draft.state.swapped[: len(__return__.swapped_in) - len(draft.swapped_in)])
+    """  # noqa: E501
     state = draft.state
     if draft.preempted or not state.swapped:
         return draft
@@ -312,9 +380,14 @@ def admit_waiting(draft: StepDraft) -> StepDraft:
        scheduled (a preempted request re-prefills prompt + kept outputs).
 
     ``waiting`` keeps its stored order, minus the admitted requests. The gate sees the
-    mid-step state with the requests admitted before it in this step. (Its input is a
-    mid-step value; its contracts are those of ``schedule``.)
-    """
+    mid-step state with the requests admitted before it in this step. Its input is a
+    mid-step value, as for ``swap_in_requests``.
+
+    pre: kv_conserved_mid_step(draft.state, draft.scheduled)
+    pre: 0 <= draft.budget <= draft.state.config.max_num_batched_tokens
+    post: draft_violations(draft, __return__) == ()
+    post: [r.request_id for r in __return__.state.waiting] == [r.request_id for r in draft.state.waiting if r.request_id not in {c.request_id for c in __return__.scheduled}]
+    """  # noqa: E501
     state = draft.state
     if draft.preempted or state.swapped or not state.waiting:
         return draft
@@ -379,11 +452,9 @@ def schedule(state: SchedulerState) -> tuple[SchedulerState, StepPlan]:
     only to ``sampling_request_ids`` and ``complete_step``.
 
     pre: check_state(state)
-    post: plan_tokens(__return__[1]) <= state.config.max_num_batched_tokens
-    post: __return__[1].step == state.num_steps
-    post: __return__[1].sampled == () and __return__[1].finished == ()
-    post: not __return__[1].preempted or __return__[1].swapped_in == ()
-    """
+    post: plan_tokens(__return__[1]) <= state.config.max_num_batched_tokens and __return__[1].step == state.num_steps and __return__[1].sampled == () and __return__[1].finished == () and (not __return__[1].preempted or __return__[1].swapped_in == ())
+    post: kv_conserved_mid_step(__return__[0], __return__[1].scheduled) and live_ids_sorted(__return__[0]) == live_ids_sorted(state)
+    """  # noqa: E501
     draft = StepDraft(state=state, budget=state.config.max_num_batched_tokens)
     draft = admit_waiting(swap_in_requests(schedule_running(draft)))
     plan = StepPlan(
@@ -574,11 +645,9 @@ def step(
 
     pre: check_state(state)
     post: check_state(__return__[0])
-    post: __return__[1].step == state.num_steps
-    post: __return__[0].num_steps == state.num_steps + 1
-    post: plan_tokens(__return__[1]) <= state.config.max_num_batched_tokens
+    post: check_plan(state, __return__[1], __return__[0]) and __return__[1].step == state.num_steps and __return__[0].num_steps == state.num_steps + 1 and plan_tokens(__return__[1]) <= state.config.max_num_batched_tokens
     raises: SampledTokensError
-    """
+    """  # noqa: E501
     state_mid, plan = schedule(state)
     if isinstance(tokens, Mapping):
         return complete_step(state_mid, plan, tokens)

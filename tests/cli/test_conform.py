@@ -10,6 +10,7 @@ import pytest
 
 import impl.policies
 import impl.sequence
+import spec.policies
 from impl.policies import POLICIES
 from spec.types import RequestState
 from tests.cli.helpers import Invoke, WriteWorkload
@@ -59,7 +60,10 @@ def test_agrees(invoke: Invoke, write_workload: WriteWorkload, mode: str, policy
     assert "(10 requests, 2 rejected, " in out
     found = re.search(r" (\d+) preemptions?; ", out)
     assert found is not None
-    assert int(found.group(1)) > 0
+    # A policy with an admission gate (``reserve``) may avoid every preemption here;
+    # tests/policies/test_conform_policies.py runs it on a workload where it preempts.
+    if spec.policies.get_policy(policy).can_admit is spec.policies.always_admit:
+        assert int(found.group(1)) > 0
     assert f"policy {policy}, {mode} mode" in out
 
 

@@ -33,7 +33,7 @@ def seq(
 
 
 def test_registry_names_and_unknown_name() -> None:
-    assert set(POLICIES) == {"lifo", "priority", "fewest-outputs"}
+    assert set(POLICIES) == {"lifo", "priority", "fewest-outputs", "reserve"}
     for name in POLICIES:
         assert make_policy(name).name == name
     with pytest.raises(ConfigError, match="unknown scheduling policy"):

@@ -1,4 +1,4 @@
-"""sample_token: greedy tie-breaking and reproducible temperature sampling."""
+"""sample_token / sample_tokens: greedy tie-breaking and reproducible temperature sampling."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from model import sample_token
+from model.sampling import sample_tokens
 
 
 def test_greedy_takes_lowest_id_on_ties() -> None:
@@ -73,3 +74,27 @@ def test_rejects_bad_arguments() -> None:
         sample_token(torch.zeros(4), temperature=1.0, seed=0, output_index=-1)
     with pytest.raises(ValueError, match="NaN"):
         sample_token(torch.tensor([0.0, float("nan")]), temperature=1.0, seed=0, output_index=0)
+
+
+def test_batched_sampling_equals_row_by_row() -> None:
+    """The batched path (one argmax for greedy rows) chooses what sample_token chooses."""
+    gen = torch.Generator().manual_seed(7)
+    # Few distinct values, so ties are common; plus +-0 and -inf entries.
+    logits = torch.randint(0, 3, (64, 16), generator=gen).to(torch.float32)
+    logits[::5, 3] = float("-inf")
+    logits[1::7, :] = 0.0
+    logits[2::7, :2] = -0.0
+    temperatures = [0.0 if row % 3 else 0.7 for row in range(64)]
+    seeds = [None if row % 4 == 0 else row for row in range(64)]
+    indices = [row % 5 for row in range(64)]
+    expected = [
+        sample_token(logits[row], temperature=t, seed=s, output_index=i)
+        for row, (t, s, i) in enumerate(zip(temperatures, seeds, indices, strict=True))
+    ]
+    got = sample_tokens(logits, temperatures=temperatures, seeds=seeds, output_indices=indices)
+    assert got == expected
+
+
+def test_batched_sampling_rejects_mismatched_lengths() -> None:
+    with pytest.raises(ValueError, match="rows"):
+        sample_tokens(torch.zeros(2, 4), temperatures=[0.0], seeds=[None], output_indices=[0])
