@@ -7,9 +7,10 @@ long runs. Pick one with ``HYPOTHESIS_PROFILE=<name>`` or pytest's
 ``--hypothesis-profile=<name>``.
 """
 
+import importlib.util
 import os
 
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 
 settings.register_profile(
     "ci",
@@ -35,6 +36,33 @@ settings.register_profile(
     print_blob=True,
     suppress_health_check=[HealthCheck.too_slow],
 )
+
+# The mutation check (scripts/mutation_check.py): deterministic, and no shrinking, since
+# only *whether* a mutant is caught (and by which invariant) matters there.
+settings.register_profile(
+    "mutation",
+    derandomize=True,
+    database=None,
+    print_blob=False,
+    deadline=None,
+    phases=(Phase.explicit, Phase.generate),
+    suppress_health_check=[HealthCheck.too_slow],
+)
+
+# The property tests on CrossHair's solver instead of random draws (docs/crosshair.md):
+# needs the optional ``hypothesis-crosshair`` package, so the profile exists only where
+# it is installed. Slow: run it on the small property tests, e.g.
+# ``HYPOTHESIS_PROFILE=crosshair python -m pytest tests/spec/test_kv_policies.py``.
+if importlib.util.find_spec("hypothesis_crosshair_provider") is not None:
+    settings.register_profile(
+        "crosshair",
+        backend="crosshair",
+        database=None,
+        deadline=None,
+        max_examples=50,
+        print_blob=True,
+        suppress_health_check=list(HealthCheck),
+    )
 
 settings.load_profile(
     os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "dev")
