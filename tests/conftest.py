@@ -3,8 +3,9 @@
 ``ci`` is what CI runs (Hypothesis also switches to it by itself when ``CI`` is set):
 derandomized, no example database, blobs printed so a failure can be replayed.
 ``dev`` is quick for local edits; ``nightly`` explores at random with a database, for
-long runs. Pick one with ``HYPOTHESIS_PROFILE=<name>`` or pytest's
-``--hypothesis-profile=<name>``.
+long runs; ``mutation`` is the quick deterministic one of scripts/mutation_check.py.
+Pick one with ``HYPOTHESIS_PROFILE=<name>`` or pytest's ``--hypothesis-profile=<name>``.
+The stateful machines size themselves per profile (tests/stateful/harness.py, SIZES).
 """
 
 import importlib.util

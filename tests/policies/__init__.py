@@ -1,0 +1,1 @@
+"""Scheduling policies (R9): registries, ``reserve``, liveness, conform, bad policies."""

@@ -1,0 +1,155 @@
+"""The stateful suite catches a policy that starves or livelocks, with a small example.
+
+Each bad policy of ``tests/policies/bad.py`` is registered on both sides for the
+test only (the registries are monkeypatched back afterwards) and the suite's own
+machine, ``SchedulerDifferential``, is run on it with ``run_state_machine_as_test``.
+The subclass below changes only what the suite cannot know: the policy it draws (the
+bad one) and, for ``evict-oldest``, restart mode, the mode in which that policy
+livelocks. Everything else (rules, invariants, the bounded drain in ``teardown``) is the
+suite's.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from collections.abc import Callable
+from dataclasses import replace
+from types import MappingProxyType
+
+import pytest
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis.stateful import Bundle, initialize, run_state_machine_as_test
+
+import impl.policies
+import spec
+import spec.policies
+from spec.types import PreemptionMode, SchedulerConfig
+from tests.policies.bad import BAD_POLICIES
+from tests.stateful.harness import InvariantViolation
+from tests.stateful.test_scheduler_differential import SchedulerDifferential
+
+#: Where Hypothesis keeps an ``@initialize`` rule on its function (hypothesis.stateful).
+INITIALIZE_RULE_MARKER = "hypothesis_stateful_initialize_rule"
+
+#: The suite's drain and progress checks (tests/stateful/harness.py).
+LIVENESS_FAILURES = ("[drain_bound]", "[no_livelock]", "[step_progress]", "[all_finished]")
+
+
+def register(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    """Register the bad policy ``name`` on both sides until the test ends."""
+    spec_policy, engine_factory = BAD_POLICIES[name]
+    registry = MappingProxyType({**spec.policies.POLICIES, name: spec_policy})
+    monkeypatch.setattr(spec.policies, "POLICIES", registry)
+    monkeypatch.setattr(spec, "POLICIES", registry)
+    monkeypatch.setitem(impl.policies.POLICIES, name, engine_factory)
+
+
+def machine_for(name: str, mode: PreemptionMode | None) -> type[SchedulerDifferential]:
+    """``SchedulerDifferential`` whose ``init_engine`` draws its config with ``name``.
+
+    The suite's own ``@initialize`` rule is reused whole (its function, targets and
+    other arguments); only its ``config`` strategy is mapped to the bad policy, so this
+    follows the suite as it changes.
+    """
+
+    def with_bad_policy(config: SchedulerConfig) -> SchedulerConfig:
+        if mode is None:
+            return replace(config, policy=name)
+        return replace(config, policy=name, preemption_mode=mode)
+
+    suite_rule = getattr(SchedulerDifferential.init_engine, INITIALIZE_RULE_MARKER)
+    arguments = dict(suite_rule.arguments)
+    arguments["config"] = arguments["config"].map(with_bad_policy)
+    suite_init = suite_rule.function
+
+    def init_engine(self: SchedulerDifferential, **kwargs: object) -> object:
+        return suite_init(self, **kwargs)
+
+    targets = tuple(Bundle(target) for target in suite_rule.targets)
+    return type(
+        "BadPolicyMachine",
+        (SchedulerDifferential,),
+        {
+            "NAME": f"BadPolicy[{name}]",
+            "init_engine": initialize(targets=targets, **arguments)(init_engine),
+        },
+    )
+
+
+SETTINGS = settings(
+    max_examples=400,
+    stateful_step_count=3,
+    derandomize=True,
+    database=None,
+    deadline=None,
+    phases=(Phase.generate, Phase.shrink),
+    suppress_health_check=list(HealthCheck),
+)
+
+
+def rule_calls(program: list[str], machine: type[SchedulerDifferential]) -> list[str]:
+    """The rules of a printed failing program (invariant checks and teardown left out)."""
+    invariants = {
+        name
+        for name, member in inspect.getmembers(machine)
+        if getattr(member, "hypothesis_stateful_invariant", None) is not None
+    }
+    calls = []
+    for line in program:
+        if "state." not in line or line.startswith("state = "):
+            continue
+        rule = line.split("state.", 1)[1].split("(", 1)[0]
+        if rule not in invariants and rule != "teardown":
+            calls.append(line)
+    return calls
+
+
+def run_bad(
+    monkeypatch: pytest.MonkeyPatch, name: str, mode: PreemptionMode | None
+) -> tuple[str, list[str], list[str]]:
+    register(monkeypatch, name)
+    machine = machine_for(name, mode)
+    with pytest.raises(InvariantViolation) as caught:
+        run_state_machine_as_test(machine, settings=SETTINGS)
+    message = str(caught.value)
+    program = list(getattr(caught.value, "__notes__", []))
+    print(f"{name}: {message}")
+    print("\n".join(program))
+    return message, program, rule_calls(program, machine)
+
+
+CASES: list[tuple[str, PreemptionMode | None, Callable[[str], bool]]] = [
+    # A livelock: two requests knock each other back to their prompts forever.
+    ("evict-oldest", PreemptionMode.RESTART, lambda m: m.startswith(LIVENESS_FAILURES[:2])),
+    # Starvation: nothing is ever admitted, not even into an empty engine.
+    ("refuse-all", None, lambda m: m.startswith("[step_progress]")),
+]
+
+
+@pytest.mark.parametrize(("name", "mode", "expected"), CASES, ids=[c[0] for c in CASES])
+def test_suite_reports_a_bad_policy_with_a_small_example(
+    monkeypatch: pytest.MonkeyPatch,
+    name: str,
+    mode: PreemptionMode | None,
+    expected: Callable[[str], bool],
+) -> None:
+    message, program, calls = run_bad(monkeypatch, name, mode)
+    assert expected(message), message
+    assert message.startswith(LIVENESS_FAILURES)
+    assert any("init_engine" in line for line in calls), program
+    # Shrunk: the engine with its initial requests, at most two more rules, the drain.
+    assert len(calls) <= 3, "\n".join(program)
+    added = sum(line.count("NewRequest(") for line in program)
+    assert 1 <= added <= 8, "\n".join(program)
+    live = re.match(r"\[drain_bound\] (\d+) requests still live", message)
+    if live is not None:  # the livelock is between two requests (one may finish late)
+        assert 1 <= int(live.group(1)) <= 2, message
+        assert f"policy {name}" in message
+
+
+def test_registries_are_restored() -> None:
+    """The bad policies never leak into the shipped registries."""
+    for name in BAD_POLICIES:
+        assert name not in spec.POLICIES
+        assert name not in impl.policies.POLICIES

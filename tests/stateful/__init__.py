@@ -1,0 +1,1 @@
+"""Hypothesis stateful differential suite: spec vs engine (docs/stateful-testing.md)."""
