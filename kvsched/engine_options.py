@@ -9,6 +9,7 @@ Llama checkpoint, or the built-in tiny seeded model); ``make_engine`` builds an
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 import torch
 from safetensors import SafetensorError
@@ -29,7 +30,14 @@ from spec.types import PreemptionMode, SchedulerConfig
 
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("float32", "float64", "bfloat16", "float16")
-DEFAULT_NUM_GPU_BLOCKS = 64
+DEFAULT_NUM_GPU_BLOCKS = 64  # SchedulerConfig has no default: it must be sized
+
+# The other defaults are SchedulerConfig's own, so the CLI and the API cannot drift apart.
+_DEFAULTS = {
+    f.name: f.default
+    for f in dataclasses.fields(SchedulerConfig)
+    if f.init and f.default is not dataclasses.MISSING
+}
 
 
 def add_engine_options(parser: argparse.ArgumentParser) -> None:
@@ -44,40 +52,40 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--block-size",
         type=argtypes.positive_int,
-        default=16,
+        default=_DEFAULTS["block_size"],
         metavar="N",
-        help="tokens per KV block (default 16)",
+        help=f"tokens per KV block (default {_DEFAULTS['block_size']})",
     )
     g.add_argument(
         "--max-num-batched-tokens",
         type=argtypes.positive_int,
-        default=2048,
+        default=_DEFAULTS["max_num_batched_tokens"],
         metavar="N",
-        help="token budget of one step (default 2048)",
+        help=f"token budget of one step (default {_DEFAULTS['max_num_batched_tokens']})",
     )
     g.add_argument(
         "--max-num-seqs",
         type=argtypes.positive_int,
-        default=256,
+        default=_DEFAULTS["max_num_seqs"],
         metavar="N",
-        help="most requests running at once (default 256)",
+        help=f"most requests running at once (default {_DEFAULTS['max_num_seqs']})",
     )
     g.add_argument(
         "--enable-chunked-prefill",
         action=argparse.BooleanOptionalAction,
-        default=True,
+        default=_DEFAULTS["enable_chunked_prefill"],
         help="split long prefills across steps (default on)",
     )
     g.add_argument(
         "--preemption-mode",
         choices=[m.value for m in PreemptionMode],
-        default=PreemptionMode.RECOMPUTE.value,
+        default=PreemptionMode(_DEFAULTS["preemption_mode"]).value,
         help="how a preempted request comes back (default recompute)",
     )
     g.add_argument(
         "--num-cpu-blocks",
         type=argtypes.non_negative_int,
-        default=0,
+        default=_DEFAULTS["num_cpu_blocks"],
         metavar="N",
         help="CPU swap pool in blocks, for --preemption-mode swap (default 0: "
         "every swap falls back to recompute)",
@@ -85,8 +93,8 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--policy",
         choices=sorted(POLICIES),
-        default="lifo",
-        help="scheduling policy (default lifo)",
+        default=_DEFAULTS["policy"],
+        help=f"scheduling policy (default {_DEFAULTS['policy']})",
     )
     g.add_argument("--device", choices=DEVICES, default="auto", help="(default auto)")
     g.add_argument("--dtype", choices=DTYPES, default="float32", help="(default float32)")
