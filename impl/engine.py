@@ -27,15 +27,19 @@ preemption, so a step never both swaps out and swaps in.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Sequence as SequenceABC
 from dataclasses import dataclass, field
+
+import torch
 
 from impl.cache_engine import CacheEngine
 from impl.model_runner import ModelRunner
 from impl.scheduler import Scheduler, SchedulerOutput, cdiv
 from model import LlamaForCausalLM, build_tiny_model, resolve_device, resolve_dtype
 from spec.types import (
+    ConfigError,
     DuplicateRequestError,
     FinishedRequest,
     PreemptionMode,
@@ -45,6 +49,52 @@ from spec.types import (
     SchedulerState,
     StepPlan,
 )
+
+# Below this many parameters a CPU forward's matmuls are too small to split: measured
+# on a 2-core machine, one thread beat two by 4-40x from the tiny default model (0.1M)
+# up to a 78M-parameter model (docs/cli.md, "Threads").
+SMALL_MODEL_PARAMETERS = 100_000_000
+
+
+def available_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask where the OS has one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return max(1, os.cpu_count() or 1)
+
+
+def default_num_threads(model: LlamaForCausalLM) -> int:
+    """torch's intra-op threads for ``model`` when none are asked for.
+
+    One thread for a model on an accelerator (the CPU only schedules and samples) and
+    for a CPU model under ``SMALL_MODEL_PARAMETERS``, where extra threads spin instead
+    of working; otherwise one per CPU this process may use.
+    """
+    on_cpu = next(model.parameters()).device.type == "cpu"
+    size = sum(p.numel() for p in model.parameters())
+    if not on_cpu or size < SMALL_MODEL_PARAMETERS:
+        return 1
+    return available_cpus()
+
+
+def set_num_threads(model: LlamaForCausalLM, threads: int | None) -> int:
+    """Set torch's intra-op threads: ``threads``, or ``default_num_threads`` if ``None``.
+
+    Returns the number set. ``OMP_NUM_THREADS`` in the environment counts as asking:
+    with ``threads=None`` torch's setting is then left as it is.
+    """
+    if threads is None:
+        if os.environ.get("OMP_NUM_THREADS"):
+            return torch.get_num_threads()
+        threads = default_num_threads(model)
+    cpus = available_cpus()
+    if isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= cpus:
+        # More threads than CPUs only contend; far more fail to start (libgomp segfaults).
+        raise ConfigError(
+            f"threads must be None or an int in 1..{cpus} (CPUs here), got {threads!r}"
+        )
+    torch.set_num_threads(threads)
+    return threads
 
 
 def _zero_by_mode() -> dict[PreemptionMode, int]:
@@ -105,6 +155,10 @@ class LLMEngine:
     ``model`` defaults to ``build_tiny_model(seed, dtype, device)``; with an explicit
     ``model``, ``device``/``dtype``/``seed`` are unused (the model decides). The KV
     pools take the model's dtype and device.
+
+    ``threads`` sets torch's intra-op threads, which are process-wide: ``None`` picks
+    them from the model (``default_num_threads``: one for the tiny default model)
+    unless ``OMP_NUM_THREADS`` is set; ``self.num_threads`` is the number in effect.
     """
 
     enable_preemption = True
@@ -117,11 +171,13 @@ class LLMEngine:
         device: str = "auto",
         dtype: str = "float32",
         seed: int = 0,
+        threads: int | None = None,
     ) -> None:
         if model is None:
             model = build_tiny_model(
                 seed=seed, dtype=resolve_dtype(dtype), device=resolve_device(device)
             )
+        self.num_threads = set_num_threads(model, threads)
         self.config = config
         self.model = model
         self.scheduler = Scheduler(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
+from impl.engine import available_cpus
 from kvsched.distributions import DistributionSyntaxError, IntDistribution, parse_distribution
 
 
@@ -31,6 +32,24 @@ def non_negative_int(text: str) -> int:
 
 def any_int(text: str) -> int:
     return _int(text)
+
+
+def torch_seed(text: str) -> int:
+    """A seed ``torch.Generator.manual_seed`` takes: a 64-bit value, signed or not."""
+    value = _int(text)
+    if not -(2**63) <= value < 2**64:
+        raise argparse.ArgumentTypeError(f"must be an integer in -2**63..2**64-1, got {text!r}")
+    return value
+
+
+def thread_count(text: str) -> int:
+    cpus = available_cpus()
+    value = _int(text)
+    if not 1 <= value <= cpus:
+        raise argparse.ArgumentTypeError(
+            f"must be an integer in 1..{cpus} (the CPUs this process may use), got {text!r}"
+        )
+    return value
 
 
 def non_negative_float(text: str) -> float:

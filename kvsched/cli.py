@@ -1,7 +1,13 @@
 """``kvsched``: argument parsing and dispatch to the subcommands.
 
+Every input is checked before any work (docs/cli.md has the table of bad inputs and
+their answers): the workload file, the options, the output paths (``-o``,
+``--plot``), the checkpoint, and the KV pools against the memory free. Results are
+printed before ``--plot`` is drawn, so a failure there cannot lose a finished run.
+
 Exit codes: 0 success; 2 bad input to the command line itself (options, workload
-file, checkpoint, device), reported as one line on stderr without a traceback; 1
+file, output path, checkpoint, device), reported as one line on stderr without a
+traceback (bare ``kvsched`` prints the list of commands, also with 2); 1
 ``conform`` found a divergence, or the engine raised one of the project's typed
 errors on good input (it failed to drain, sampled the wrong tokens ...), also one
 line. Only the project's typed errors and ``OSError`` are caught here: anything else
@@ -11,19 +17,22 @@ is a bug and tracebacks.
 from __future__ import annotations
 
 import argparse
+import io
 import sys
 from collections.abc import Sequence
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import NoReturn
 
 from kvsched import argtypes, conform, demo, engine_options, report
 from kvsched.engine_protocol import Engine
 from kvsched.errors import CLIInputError
-from kvsched.plot import plot_timeline
-from kvsched.progress import RunProgress
+from kvsched.plot import PLOT_FORMATS, plot_timeline
+from kvsched.progress import PROG, CommandProgress, notice, wanted, warn
 from kvsched.runner import run_reference, run_workload
 from kvsched.summary import render_summary
 from kvsched.workload import (
+    MAX_ARRIVAL_STEP,
     GeneratorSettings,
     WorkloadRequest,
     dump_workload,
@@ -31,9 +40,12 @@ from kvsched.workload import (
     read_workload,
 )
 from model import LlamaForCausalLM
-from spec.types import ConfigError, KVSchedError, SchedulerConfig
+from spec.types import ConfigError, KVSchedError, PreemptionMode, SchedulerConfig
 
-PROG = "kvsched"
+# What ``kvsched workload`` may write: enough for any benchmark here, small enough to
+# finish in seconds rather than fill the disk.
+MAX_GENERATED_REQUESTS = 1_000_000
+MAX_GENERATED_PROMPT_TOKENS = 100_000_000
 WORKLOAD_HELP = (
     "one JSON request per line: id, prompt (token ids), max_tokens; optional "
     "eos_token_id, ignore_eos, priority, temperature, seed, arrival_step (the engine "
@@ -48,15 +60,37 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
+def _version() -> str:
+    try:
+        return version("kvsched")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
+
+
+def _quiet_option() -> OneLineParser:
+    parent = OneLineParser(add_help=False)
+    parent.add_argument(
+        "-q", "--quiet", action="store_true", help="no progress bar and no 'wrote ...' notices"
+    )
+    return parent
+
+
 def _add_workload_parser(sub: argparse._SubParsersAction[OneLineParser]) -> None:
     p = sub.add_parser(
         "workload",
+        parents=[_quiet_option()],
         help="write a random JSONL workload (deterministic from --seed)",
         description="Write a random workload, one JSON request per line. Distributions: "
         "N (constant), MIN:MAX or uniform:MIN:MAX (uniform, inclusive), "
         "longtail:MIN:MAX[:ALPHA] (bounded Pareto: mostly short, a few long).",
     )
-    p.add_argument("--num-requests", type=argtypes.non_negative_int, default=16, metavar="N")
+    p.add_argument(
+        "--num-requests",
+        type=argtypes.non_negative_int,
+        default=16,
+        metavar="N",
+        help=f"(default 16, at most {MAX_GENERATED_REQUESTS:,})",
+    )
     p.add_argument("--seed", type=argtypes.any_int, default=0, metavar="S")
     p.add_argument(
         "--prompt-len",
@@ -77,7 +111,8 @@ def _add_workload_parser(sub: argparse._SubParsersAction[OneLineParser]) -> None
         type=argtypes.non_negative_int,
         default=0,
         metavar="STEPS",
-        help="arrival steps are uniform over 0..STEPS (default 0: all at once)",
+        help=f"arrival steps are uniform over 0..STEPS (default 0: all at once; "
+        f"at most {MAX_ARRIVAL_STEP:,})",
     )
     p.add_argument("--vocab-size", type=argtypes.int_at_least(2), default=256, metavar="V")
     p.add_argument(
@@ -97,6 +132,7 @@ def _add_workload_parser(sub: argparse._SubParsersAction[OneLineParser]) -> None
 def _add_run_parser(sub: argparse._SubParsersAction[OneLineParser]) -> None:
     p = sub.add_parser(
         "run",
+        parents=[_quiet_option()],
         help="run a workload through the engine",
         description="Run a JSONL workload through the engine and summarize it.",
     )
@@ -107,8 +143,11 @@ def _add_run_parser(sub: argparse._SubParsersAction[OneLineParser]) -> None:
         help="run each request alone with an unbounded KV cache (the ground-truth outputs)",
     )
     p.add_argument("--json", action="store_true", help="print the JSON document on stdout")
-    p.add_argument("--plot", metavar="FILE.png", help="draw the KV-cache timeline")
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--plot",
+        metavar="FILE.png",
+        help=f"draw the KV-cache timeline ({', '.join('.' + f for f in PLOT_FORMATS)})",
+    )
     engine_options.add_engine_options(p)
     p.set_defaults(handler=cmd_run)
 
@@ -116,6 +155,7 @@ def _add_run_parser(sub: argparse._SubParsersAction[OneLineParser]) -> None:
 def _add_conform_parser(sub: argparse._SubParsersAction[OneLineParser]) -> None:
     p = sub.add_parser(
         "conform",
+        parents=[_quiet_option()],
         help="drive the spec and the engine in lockstep and compare every step",
         description="Drive the reference scheduler and the engine in lockstep on a "
         "workload; exit 0 if every plan and state agree, 1 at the first divergence.",
@@ -129,15 +169,19 @@ def build_parser() -> OneLineParser:
     parser = OneLineParser(
         prog=PROG,
         description="A formally specified LLM-inference scheduler with differential testing.",
+        epilog="Start with 'kvsched demo'; 'kvsched COMMAND --help' for a command's options.",
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    demo = sub.add_parser(
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    demo_parser = sub.add_parser(
         "demo",
+        parents=[_quiet_option()],
         help="the seed tutorial's demo: preemption vs running out of KV cache",
         description="The seed tutorial's workload through the no-preemption engine and "
         "through the preemption engine in every mode.",
     )
-    demo.set_defaults(handler=cmd_demo)
+    engine_options.add_threads_option(demo_parser)
+    demo_parser.set_defaults(handler=cmd_demo)
     _add_workload_parser(sub)
     _add_run_parser(sub)
     _add_conform_parser(sub)
@@ -147,7 +191,49 @@ def build_parser() -> OneLineParser:
 # --- handlers -------------------------------------------------------------------------
 
 
+def check_output_path(option: str, path: str, *, formats: Sequence[str] | None = None) -> None:
+    """Refuse an output file that cannot be written, before any work is done."""
+    target = Path(path)
+    if formats is not None and target.suffix.lower().lstrip(".") not in formats:
+        known = ", ".join("." + f for f in formats)
+        raise CLIInputError(
+            f"{option} {path}: unsupported file type {target.suffix!r} (use {known})"
+        )
+    parent = target.parent
+    if not parent.is_dir():
+        what = "is not a directory" if parent.exists() else "does not exist"
+        raise CLIInputError(f"{option} {path}: directory {parent} {what}")
+    if target.is_dir():
+        raise CLIInputError(f"{option} {path}: is a directory")
+    # Opening it is the one test that holds for root, read-only mounts and full quotas
+    # alike; a file created only for the test is removed again.
+    existed = target.exists()
+    try:
+        with open(target, "ab"):
+            pass
+    except OSError as e:
+        raise CLIInputError(f"{option} {path}: cannot be written: {e.strerror}") from None
+    if not existed:
+        target.unlink()
+
+
 def cmd_workload(args: argparse.Namespace) -> int:
+    if args.num_requests > MAX_GENERATED_REQUESTS:
+        raise CLIInputError(
+            f"--num-requests {args.num_requests}: at most {MAX_GENERATED_REQUESTS:,} requests"
+        )
+    if args.num_requests * args.prompt_len.high > MAX_GENERATED_PROMPT_TOKENS:
+        raise CLIInputError(
+            f"--num-requests {args.num_requests} with --prompt-len up to "
+            f"{args.prompt_len.high}: more than {MAX_GENERATED_PROMPT_TOKENS:,} prompt tokens"
+        )
+    if args.arrival_spread > MAX_ARRIVAL_STEP:
+        raise CLIInputError(
+            f"--arrival-spread {args.arrival_spread}: at most {MAX_ARRIVAL_STEP:,} "
+            "(the largest arrival_step a workload file may hold)"
+        )
+    if args.output is not None:
+        check_output_path("-o", args.output)
     settings = GeneratorSettings(
         num_requests=args.num_requests,
         seed=args.seed,
@@ -166,55 +252,80 @@ def cmd_workload(args: argparse.Namespace) -> int:
     else:
         with open(args.output, "w", encoding="utf-8") as f:
             dump_workload(requests, f)
+        notice(f"wrote {args.output} ({len(requests)} requests)", quiet=args.quiet)
     return 0
 
 
 def _read_inputs(
     args: argparse.Namespace,
 ) -> tuple[list[WorkloadRequest], SchedulerConfig, LlamaForCausalLM]:
-    """The workload, the config and the model, checked in that order (cheapest first)."""
+    """The workload, the config and the model, checked in that order (cheapest first).
+
+    Then the KV pools against the memory free, and a swap mode that cannot swap is
+    warned about (once: ``--reference`` builds an engine per request).
+    """
     workload = read_workload(args.workload)
     config = engine_options.scheduler_config(args)
-    return workload, config, engine_options.load_model(args)
+    model = engine_options.load_model(args)
+    if not getattr(args, "reference", False):
+        engine_options.check_kv_fits(config, model)
+    if config.preemption_mode is PreemptionMode.SWAP and config.num_cpu_blocks == 0:
+        warn(
+            "--preemption-mode swap with --num-cpu-blocks 0: there is no CPU pool, so "
+            "every preemption falls back to recompute"
+        )
+    return workload, config, model
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     if args.plot is not None:
         if args.reference:
             raise CLIInputError("--plot draws a shared run's timeline; not with --reference")
-        parent = Path(args.plot).parent
-        if not parent.is_dir():
-            raise CLIInputError(f"--plot {args.plot}: directory {parent} does not exist")
+        check_output_path("--plot", args.plot, formats=PLOT_FORMATS)
     workload, config, model = _read_inputs(args)
 
     def factory(c: SchedulerConfig) -> Engine:
         return engine_options.make_engine(c, args, model)
 
-    enabled = RunProgress.wanted(quiet=args.quiet)
-    with RunProgress(len(workload), enabled=enabled) as bar:
+    enabled = wanted(quiet=args.quiet)
+    label = "kvsched run --reference" if args.reference else "kvsched run"
+    with CommandProgress(label, len(workload), enabled=enabled) as bar:
         if args.reference:
-            result = run_reference(factory, config, workload, on_step=bar.update)
+            max_blocks = engine_options.kv_blocks_that_fit(model, config.block_size)
+            result = run_reference(
+                factory, config, workload, on_step=bar.update, max_blocks=max_blocks
+            )
         else:
             result = run_workload(factory(config), config, workload, on_step=bar.update)
+    # The results first: a plot that fails to draw must not lose them.
+    if args.json:
+        print(report.dumps(result), flush=True)
+    else:
+        print(render_summary(result, title="reference" if args.reference else "run"), flush=True)
     if args.plot is not None:
         plot_timeline(result, args.plot, title=f"kvsched run {Path(args.workload).name}")
-    if args.json:
-        print(report.dumps(result))
-    else:
-        print(render_summary(result, title="reference" if args.reference else "run"))
+        notice(f"wrote {args.plot} (KV timeline, {result.metrics.steps} steps)", quiet=args.quiet)
     return 0
 
 
 def cmd_conform(args: argparse.Namespace) -> int:
     workload, config, model = _read_inputs(args)
     engine = engine_options.make_engine(config, args, model)
-    result = conform.conform(engine, config, workload)
+    with CommandProgress("kvsched conform", len(workload), enabled=wanted(quiet=args.quiet)) as bar:
+        result = conform.conform(engine, config, workload, on_step=bar.update)
     print(conform.render(result, config))
     return 0 if result.ok else 1
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    demo.main(sys.stdout)
+    # Printed at the end: the bar and the demo's own table must not interleave.
+    out = io.StringIO()
+    enabled = wanted(quiet=args.quiet)
+    with CommandProgress(
+        "kvsched demo", demo.NUM_STAGES, enabled=enabled, unit="runs", show_steps=False
+    ) as bar:
+        demo.main(out, threads=args.threads, on_stage=lambda k: bar.update(0, k))
+    sys.stdout.write(out.getvalue())
     return 0
 
 
@@ -230,6 +341,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as e:  # --help, or a usage error already printed as one line
         return e.code if isinstance(e.code, int) else 2
+    if args.command is None:  # bare ``kvsched``: what there is to run
+        parser.print_help(sys.stderr)
+        return 2
     try:
         code: int = args.handler(args)
     except (CLIInputError, ConfigError) as e:
@@ -242,3 +356,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{PROG}: error: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
     return code
+
+
+if __name__ == "__main__":  # ``python -m kvsched.cli`` (``python -m kvsched`` is the same)
+    sys.exit(main())

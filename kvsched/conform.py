@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 
 import spec
 from kvsched.diff import first_difference, short_repr
-from kvsched.drive import step_bound
+from kvsched.drive import StepCallback, step_bound
 from kvsched.engine_protocol import Engine
 from kvsched.errors import DrainError
 from kvsched.workload import WorkloadRequest
@@ -145,6 +145,7 @@ def conform(
     workload: Sequence[WorkloadRequest],
     *,
     max_steps: int | None = None,
+    on_step: StepCallback | None = None,
 ) -> ConformReport:
     """Run ``workload`` through ``engine`` and the spec in lockstep; stop at a divergence."""
     lock = _Lockstep(engine, config)
@@ -167,6 +168,8 @@ def conform(
             if lock.steps >= bound:
                 raise DrainError(f"the workload did not drain within {bound} steps")
             lock.step()
+            if on_step is not None:
+                on_step(lock.steps, len(lock.engine_finished) + lock.rejected)
         _compare(lock.steps, lock.spec_finished, lock.engine_finished, "finished")
     except _Diverged as e:
         divergence = e.divergence

@@ -14,6 +14,7 @@ The output is deterministic: no timings are shown.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TextIO
 
@@ -81,11 +82,11 @@ class ModeRow:
     equals_solo: bool
 
 
-def run_mode(model: LlamaForCausalLM, mode: PreemptionMode) -> ModeRow:
+def run_mode(model: LlamaForCausalLM, mode: PreemptionMode, threads: int | None = None) -> ModeRow:
     config = seed_config(mode)
     workload = seed_workload()
-    result = run_workload(LLMEngine(config, model=model), config, workload)
-    solo = run_reference(lambda c: LLMEngine(c, model=model), config, workload)
+    result = run_workload(LLMEngine(config, model=model, threads=threads), config, workload)
+    solo = run_reference(lambda c: LLMEngine(c, model=model, threads=threads), config, workload)
     m = result.metrics
     return ModeRow(
         mode=mode,
@@ -99,9 +100,9 @@ def run_mode(model: LlamaForCausalLM, mode: PreemptionMode) -> ModeRow:
     )
 
 
-def no_preemption_line(model: LlamaForCausalLM) -> str:
+def no_preemption_line(model: LlamaForCausalLM, threads: int | None = None) -> str:
     config = seed_config(PreemptionMode.RECOMPUTE)
-    engine = NoPreemptionEngine(config, model=model)
+    engine = NoPreemptionEngine(config, model=model, threads=threads)
     try:
         engine.generate([(r.request_id, list(r.prompt), r.params) for r in seed_workload()])
     except KVCacheExhaustedError as e:
@@ -109,7 +110,21 @@ def no_preemption_line(model: LlamaForCausalLM) -> str:
     return "completed without running out of KV cache (unexpected)"
 
 
-def main(out: TextIO) -> None:
+NUM_STAGES = 1 + len(PreemptionMode)  # the no-preemption engine, then each mode
+
+
+def main(
+    out: TextIO,
+    *,
+    threads: int | None = None,
+    on_stage: Callable[[int], None] | None = None,
+) -> None:
+    """Print the demo to ``out``; ``on_stage(k)`` after each of its ``NUM_STAGES`` runs."""
+
+    def stage_done(k: int) -> None:
+        if on_stage is not None:
+            on_stage(k)
+
     console = Console(file=out, width=WIDTH, highlight=False, emoji=False)
     model = build_tiny_model(seed=0)
     seed = SeedFigures()
@@ -121,8 +136,12 @@ def main(out: TextIO) -> None:
         "running, LIFO victims"
     )
     console.print()
-    console.print(f"  no preemption: {no_preemption_line(model)}", soft_wrap=True)
-    rows = [run_mode(model, mode) for mode in PreemptionMode]
+    console.print(f"  no preemption: {no_preemption_line(model, threads)}", soft_wrap=True)
+    stage_done(1)
+    rows = []
+    for mode in PreemptionMode:
+        rows.append(run_mode(model, mode, threads))
+        stage_done(1 + len(rows))
     first = rows[0]
     console.print(
         f"  preemption:    {first.completed} of {NUM_REQUESTS} requests completed "

@@ -5,7 +5,10 @@ Requests are added at their ``arrival_step``: before the engine's step number ``
 order; then the engine steps. Stepping goes on while requests remain to arrive or
 are unfinished (empty steps count, as in the engine). A request the engine refuses
 at ``add_request`` is recorded as rejected with the error's message and the run goes
-on.
+on. A rejected request's error reads ``ErrorType: message``; a duplicate id also names
+the workload line of the live request it collides with (R4: an id may be reused once
+its request has finished, so two served requests can share an id; the ``line`` of each
+outcome tells them apart).
 """
 
 from __future__ import annotations
@@ -19,7 +22,15 @@ from kvsched.engine_protocol import Engine
 from kvsched.errors import DrainError
 from kvsched.results import RequestOutcome, StepSample
 from kvsched.workload import WorkloadRequest
-from spec.types import FinishedRequest, InvalidRequestError, StepPlan
+from spec.kv import cdiv
+from spec.policies import POLICIES, stored_order
+from spec.types import (
+    DuplicateRequestError,
+    FinishedRequest,
+    InvalidRequestError,
+    SchedulerState,
+    StepPlan,
+)
 
 StepCallback = Callable[[int, int], None]  # (steps done, requests done)
 
@@ -54,13 +65,32 @@ def step_bound(workload: Sequence[WorkloadRequest]) -> int:
     return last + 1 + 4 * len(workload) * (longest + 2) + 100
 
 
-def outcome_of(finished: FinishedRequest) -> RequestOutcome:
+def outcome_of(finished: FinishedRequest, line: int | None = None) -> RequestOutcome:
     return RequestOutcome(
         request_id=finished.request_id,
         output=tuple(finished.output_token_ids),
         finish_reason=str(finished.finish_reason),
         num_preemptions=finished.num_preemptions,
+        line=line,
     )
+
+
+def head_blocks_needed(state: SchedulerState) -> int | None:
+    """Blocks the waiting head's prefill chunk needs, when requests wait and blocks are free.
+
+    The head in the policy's order (R9); its chunk is its whole prompt plus kept
+    outputs, cut to the token budget under chunked prefill (R8 step 2; the running
+    requests' decodes may shrink the budget further, so this is an upper bound then).
+    """
+    if not state.waiting or state.num_free_gpu_blocks == 0:
+        return None
+    config = state.config
+    policy = POLICIES.get(config.policy)
+    order = policy.order_waiting if policy is not None else stored_order
+    n = order(state.waiting)[0].num_tokens
+    if config.enable_chunked_prefill:
+        n = min(n, config.max_num_batched_tokens)
+    return cdiv(n, config.block_size)
 
 
 def drive(
@@ -88,7 +118,12 @@ def drive(
             try:
                 engine.add_request(r.request_id, list(r.prompt), r.params)
             except InvalidRequestError as e:
-                outcomes[i] = RequestOutcome(request_id=r.request_id, error=str(e))
+                error = f"{type(e).__name__}: {e}"
+                first = live.get(r.request_id)
+                if isinstance(e, DuplicateRequestError) and first is not None:
+                    where = workload[first].line
+                    error += f" (the request on line {where} is still live)" if where else ""
+                outcomes[i] = RequestOutcome(request_id=r.request_id, error=error, line=r.line)
                 done += 1
             else:
                 live[r.request_id] = i
@@ -102,7 +137,8 @@ def drive(
         for p in plan.preempted:
             result.preemptions_by_mode[str(p.mode)] += 1
         for f in plan.finished:
-            outcomes[live.pop(f.request_id)] = outcome_of(f)
+            i = live.pop(f.request_id)
+            outcomes[i] = outcome_of(f, workload[i].line)
             done += 1
         if record_timeline:
             state = engine.observe()
@@ -114,6 +150,8 @@ def drive(
                     num_waiting=len(state.waiting),
                     num_swapped=len(state.swapped),
                     num_preempted=len(plan.preempted),
+                    preempted_modes=tuple(str(p.mode) for p in plan.preempted),
+                    head_blocks_needed=head_blocks_needed(state),
                 )
             )
         if on_step is not None:

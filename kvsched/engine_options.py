@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
@@ -106,9 +107,21 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--seed",
-        type=argtypes.any_int,
+        type=argtypes.torch_seed,
         default=0,
         help="seed of the built-in tiny model's weights (default 0)",
+    )
+    add_threads_option(g)
+
+
+def add_threads_option(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    parser.add_argument(
+        "--threads",
+        type=argtypes.thread_count,
+        default=None,
+        metavar="N",
+        help="torch intra-op threads (default: 1 for models under 100M parameters or on "
+        "an accelerator, else one per usable CPU; OMP_NUM_THREADS, if set, is kept)",
     )
 
 
@@ -147,7 +160,64 @@ def load_model(args: argparse.Namespace) -> LlamaForCausalLM:
         raise CLIInputError(f"--model {args.model}: unreadable weights: {e}") from None
 
 
+GIB = 1024**3
+
+
+def kv_block_bytes(model: LlamaForCausalLM, block_size: int) -> int:
+    """Bytes of one KV block: K and V, every layer, ``block_size`` token slots."""
+    c = model.config
+    element = torch.finfo(model.dtype).bits // 8
+    return 2 * c.num_hidden_layers * block_size * c.num_key_value_heads * c.head_dim * element
+
+
+def free_memory_bytes(device: torch.device) -> int | None:
+    """Memory free for new tensors on ``device`` (host: MemAvailable); None if unknown."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def kv_blocks_that_fit(model: LlamaForCausalLM, block_size: int) -> int | None:
+    """How many KV blocks the model's device has memory for (None if unknown)."""
+    free = free_memory_bytes(model.device)
+    return None if free is None else free // kv_block_bytes(model, block_size)
+
+
+def check_kv_fits(config: SchedulerConfig, model: LlamaForCausalLM) -> None:
+    """Refuse KV pools larger than the free memory, before allocating them.
+
+    Allocating them anyway fails late with an untyped error or, on the host, first
+    drives the machine into swap.
+    """
+    block = kv_block_bytes(model, config.block_size)
+    pools = [("--num-gpu-blocks", config.num_gpu_blocks, model.device)]
+    if config.num_cpu_blocks:
+        pools.append(("--num-cpu-blocks", config.num_cpu_blocks, torch.device("cpu")))
+    for option, blocks, device in pools:
+        same_place = [n for _, n, d in pools if d.type == device.type]
+        free = free_memory_bytes(device)
+        if free is not None and sum(same_place) * block > free:
+            raise CLIInputError(
+                f"{option} {blocks}: a KV cache of {sum(same_place)} blocks of "
+                f"{config.block_size} tokens needs {sum(same_place) * block / GIB:.1f} GiB, "
+                f"more than the {free / GIB:.1f} GiB free on {device.type}"
+            )
+
+
 def make_engine(
     config: SchedulerConfig, args: argparse.Namespace, model: LlamaForCausalLM
 ) -> LLMEngine:
-    return LLMEngine(config, model=model, device=args.device, dtype=args.dtype, seed=args.seed)
+    return LLMEngine(
+        config,
+        model=model,
+        device=args.device,
+        dtype=args.dtype,
+        seed=args.seed,
+        threads=args.threads,
+    )

@@ -15,6 +15,8 @@ from matplotlib.ticker import MaxNLocator
 
 from kvsched.results import RunResult
 
+PLOT_FORMATS = ("png", "svg", "pdf")  # what --plot writes (matplotlib's Agg and vector backends)
+
 
 def plot_timeline(result: RunResult, path: str | Path, *, title: str = "KV cache timeline") -> None:
     timeline = result.timeline

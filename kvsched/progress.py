@@ -1,4 +1,10 @@
-"""The progress bar of ``kvsched run``: rich, on stderr, only when stderr is a terminal."""
+"""Progress and notices of the commands, on stderr.
+
+A progress bar (rich) is drawn only when stderr is a terminal and ``-q`` is not
+given, so pipes, files and CI logs stay clean; it is transient (erased when done).
+Notices (``wrote kv.png ...``) are one line each on stderr, silenced by ``-q``;
+warnings are never silenced.
+"""
 
 from __future__ import annotations
 
@@ -9,36 +15,49 @@ from typing import TextIO
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+PROG = "kvsched"
 
-class RunProgress:
-    """Requests done out of the workload, and the step count; a no-op when disabled."""
 
-    def __init__(self, total: int, *, enabled: bool, stream: TextIO | None = None) -> None:
+def wanted(*, quiet: bool, stream: TextIO | None = None) -> bool:
+    """Whether to draw progress: not ``-q``, and stderr is a terminal."""
+    s = stream if stream is not None else sys.stderr
+    return not quiet and s.isatty()
+
+
+class CommandProgress:
+    """``label [bar] done/total unit · step N  elapsed``; a no-op when disabled."""
+
+    def __init__(
+        self,
+        label: str,
+        total: int,
+        *,
+        enabled: bool,
+        unit: str = "requests",
+        show_steps: bool = True,
+        stream: TextIO | None = None,
+    ) -> None:
         self._progress: Progress | None = None
         self._task = None
         if enabled:
             console = Console(file=stream if stream is not None else sys.stderr)
             self._progress = Progress(
-                TextColumn("[bold]kvsched run"),
+                TextColumn(f"[bold]{label}"),
                 BarColumn(),
                 MofNCompleteColumn(),
-                TextColumn("requests · step {task.fields[step]}"),
+                TextColumn(f"{unit} · step {{task.fields[step]}}" if show_steps else unit),
                 TimeElapsedColumn(),
                 console=console,
                 transient=True,
             )
-            self._task = self._progress.add_task("run", total=total, step=0)
-
-    @staticmethod
-    def wanted(*, quiet: bool, stream: TextIO | None = None) -> bool:
-        s = stream if stream is not None else sys.stderr
-        return not quiet and s.isatty()
+            self._task = self._progress.add_task(label, total=total, step=0)
 
     def update(self, steps: int, done: int) -> None:
+        """``steps`` engine steps so far, ``done`` units finished (a ``StepCallback``)."""
         if self._progress is not None and self._task is not None:
             self._progress.update(self._task, completed=done, step=steps)
 
-    def __enter__(self) -> RunProgress:
+    def __enter__(self) -> CommandProgress:
         if self._progress is not None:
             self._progress.start()
         return self
@@ -51,3 +70,13 @@ class RunProgress:
     ) -> None:
         if self._progress is not None:
             self._progress.stop()
+
+
+def notice(message: str, *, quiet: bool) -> None:
+    """A one-line report of what a command did (``wrote w.jsonl (64 requests)``)."""
+    if not quiet:
+        print(f"{PROG}: {message}", file=sys.stderr)
+
+
+def warn(message: str) -> None:
+    print(f"{PROG}: warning: {message}", file=sys.stderr)

@@ -2,12 +2,14 @@
 
 ::
 
-    {"requests": [{"id", "output", "finish_reason", "num_preemptions", "error"}, ...],
+    {"requests": [{"id", "line", "output", "finish_reason", "num_preemptions", "error"}, ...],
      "metrics": {"steps", "preemptions", "swap_out_blocks", "swap_in_blocks",
                  "recomputed_tokens", "peak_gpu_blocks_used", "num_gpu_blocks",
                  "kv_utilization", "tokens_per_s"}}
 
-Requests are in workload order. ``tokens_per_s`` is the only value that depends on
+Requests are in workload order; ``line`` is the request's line in the workload file
+(two requests may share an id once the first has finished), ``error`` the refusal of
+a rejected request as ``ErrorType: message``. ``tokens_per_s`` is the only value that depends on
 the machine; everything else is a function of the workload and the options.
 """
 
@@ -37,6 +39,7 @@ def to_document(result: RunResult) -> dict[str, object]:
         "requests": [
             {
                 "id": o.request_id,
+                "line": o.line,
                 "output": list(o.output),
                 "finish_reason": o.finish_reason,
                 "num_preemptions": o.num_preemptions,

@@ -15,7 +15,8 @@ class RequestOutcome:
     output: tuple[int, ...] = ()
     finish_reason: str = REJECTED  # "stop" | "length" | "aborted" | "rejected"
     num_preemptions: int = 0
-    error: str | None = None
+    error: str | None = None  # "ErrorType: message"
+    line: int | None = None  # the workload file's line (tells apart two uses of one id)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -28,6 +29,10 @@ class StepSample:
     num_waiting: int
     num_swapped: int
     num_preempted: int  # victims in this step
+    preempted_modes: tuple[str, ...] = ()  # each victim's mode as applied (swap, recompute ...)
+    # When requests wait while GPU blocks are free: the blocks the waiting head's next
+    # prefill chunk needs (R8: it is admitted only if they are free); None otherwise.
+    head_blocks_needed: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

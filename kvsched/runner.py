@@ -7,7 +7,9 @@ model generates for it undisturbed; a correct preempting run must produce the sa
 outputs. Requests the engine refuses for their own content (empty prompt,
 ``max_tokens`` < 1, a token outside the vocabulary) are rejected there too; a
 reference run never rejects a request for its size, and, each request being alone,
-never for a duplicate id.
+never for a duplicate id. Given ``max_blocks``, a request whose solo cache would need
+more blocks than that (more than the memory holds) is rejected with
+``RequestTooLargeError`` instead of run.
 """
 
 from __future__ import annotations
@@ -78,6 +80,7 @@ def run_reference(
     workload: Sequence[WorkloadRequest],
     *,
     on_step: StepCallback | None = None,
+    max_blocks: int | None = None,
 ) -> RunResult:
     """Each request alone with an unbounded cache; metrics add up over the solo runs."""
     outcomes: list[RequestOutcome] = []
@@ -85,6 +88,17 @@ def run_reference(
     steps_before = 0
     for i, request in enumerate(workload):
         config = solo_config(base, request)
+        if max_blocks is not None and config.num_gpu_blocks > max_blocks:
+            error = (
+                f"RequestTooLargeError: alone, its whole life needs {config.num_gpu_blocks} "
+                f"KV blocks; the memory free holds {max_blocks}"
+            )
+            outcomes.append(
+                RequestOutcome(request_id=request.request_id, error=error, line=request.line)
+            )
+            if on_step is not None:
+                on_step(steps_before, i + 1)
+            continue
         solo = dataclasses.replace(request, arrival_step=0)
 
         def progress(steps: int, done: int, _base: int = steps_before, _i: int = i) -> None:

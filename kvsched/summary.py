@@ -31,5 +31,8 @@ def render_summary(result: RunResult, *, title: str = "run") -> str:
     bad = [o for o in outcomes if o.finish_reason == REJECTED]
     if bad:
         lines.append("rejected:")
-        lines.extend(f"  {o.request_id}: {o.error}" for o in bad)
+        lines.extend(
+            f"  {o.request_id}" + (f" (line {o.line})" if o.line else "") + f": {o.error}"
+            for o in bad
+        )
     return "\n".join(lines)

@@ -8,15 +8,19 @@ A line is a JSON object::
 
 ``id``, ``prompt`` and ``max_tokens`` are required; the rest take the defaults of
 ``SamplingParams`` (and ``arrival_step`` 0: the engine step at which the request is
-added). The schema checks field names and types only (``true`` is not an int; an
-int is accepted where a float is expected): value ranges such as an empty prompt,
-``max_tokens`` below 1 or a token outside the vocabulary are the engine's to refuse,
-so such a request reaches the engine and is reported as rejected. The one range
-checked here is the command line's own: ``arrival_step`` is not negative.
+added). Blank lines are skipped; CRLF line ends and a UTF-8 byte-order mark are
+accepted. The schema checks field names (no unknown field, none given twice) and
+types (``true`` is not an int; an int is accepted where a float is expected): value
+ranges such as an empty prompt, ``max_tokens`` below 1 or a token outside the
+vocabulary are the engine's to refuse, so such a request reaches the engine and is
+reported as rejected. Checked here are the ranges the engine does not check at
+``add_request`` (a negative ``temperature`` would only fail at sampling, mid-run) and
+the command line's own: ``arrival_step`` in ``0 .. MAX_ARRIVAL_STEP``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import random
@@ -40,6 +44,10 @@ OPTIONAL_FIELDS = (
 )
 FIELDS = REQUIRED_FIELDS + OPTIONAL_FIELDS
 
+# Every step up to the last arrival is run, idle ones included (about 45 us each for
+# the tiny model): this keeps the longest idle wait a file can ask for to seconds.
+MAX_ARRIVAL_STEP = 100_000
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class WorkloadRequest:
@@ -49,6 +57,8 @@ class WorkloadRequest:
     prompt: tuple[int, ...]
     params: SamplingParams
     arrival_step: int = 0
+    # Where it was read from (None: generated); not part of the request's identity.
+    line: int | None = dataclasses.field(default=None, compare=False)
 
     def to_json(self) -> dict[str, object]:
         p = self.params
@@ -147,14 +157,25 @@ def _reject_constant(token: str) -> object:
     raise ValueError(f"{token} is not valid JSON")
 
 
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    obj: dict[str, object] = {}
+    for key, value in pairs:
+        if key in obj:
+            raise ValueError(f"field {key!r} given twice")
+        obj[key] = value
+    return obj
+
+
 def parse_line(text: str, *, path: str, lineno: int) -> WorkloadRequest:
     """Parse one non-blank line of a workload file."""
     try:
-        obj = json.loads(text, parse_constant=_reject_constant)
+        obj = json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_unique_keys)
     except ValueError as e:
         msg = e.msg if isinstance(e, json.JSONDecodeError) else str(e)
         col = f" (column {e.colno})" if isinstance(e, json.JSONDecodeError) else ""
         raise WorkloadError(path, f"not valid JSON: {msg}{col}", line=lineno) from None
+    except RecursionError:  # json's decoder recurses once per nesting level
+        raise WorkloadError(path, "not valid JSON: nested too deeply", line=lineno) from None
     if not isinstance(obj, dict):
         raise WorkloadError(path, f"expected a JSON object, got {_type_name(obj)}", line=lineno)
     for field in obj:
@@ -175,11 +196,19 @@ def parse_line(text: str, *, path: str, lineno: int) -> WorkloadRequest:
         temperature=line.float_("temperature", 0.0),
         seed=line.opt_int("seed"),
     )
+    if params.temperature < 0:
+        raise line.fail("temperature", f"expected a float >= 0, got {params.temperature}")
     arrival_step = line.int_("arrival_step", 0)
-    if arrival_step < 0:
-        raise line.fail("arrival_step", f"expected a non-negative int, got {arrival_step}")
+    if not 0 <= arrival_step <= MAX_ARRIVAL_STEP:
+        raise line.fail(
+            "arrival_step", f"expected an int in 0..{MAX_ARRIVAL_STEP}, got {arrival_step}"
+        )
     return WorkloadRequest(
-        request_id=request_id, prompt=prompt, params=params, arrival_step=arrival_step
+        request_id=request_id,
+        prompt=prompt,
+        params=params,
+        arrival_step=arrival_step,
+        line=lineno,
     )
 
 
@@ -195,7 +224,7 @@ def parse_lines(lines: Iterable[str], *, path: str) -> list[WorkloadRequest]:
 def read_workload(path: str | Path) -> list[WorkloadRequest]:
     """Read and validate a workload file (``OSError`` if it cannot be read)."""
     name = str(path)
-    data = Path(path).read_bytes()
+    data = Path(path).read_bytes().removeprefix(b"\xef\xbb\xbf")  # a UTF-8 BOM
     lines: list[str] = []
     for lineno, raw in enumerate(data.splitlines(), start=1):
         try:
