@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+import impl._clash  # noqa: F401  (first: names a shadowed spec/impl/model)
 from impl.block_manager import BlockAllocationError, BlockManager
 from impl.policies import POLICIES, Policy, make_policy
 from impl.scheduler import Scheduler, SchedulerOutput

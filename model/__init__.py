@@ -1,5 +1,6 @@
 """Llama decoder over a paged KV cache, checkpoint loading and sampling."""
 
+import model._clash  # noqa: F401  (first: names a shadowed spec/impl/model)
 from model.batch import ForwardBatch, Span
 from model.config import LlamaConfig
 from model.devices import resolve_device, resolve_dtype

@@ -18,6 +18,7 @@ values. The data types live in ``spec.types`` and are shared with the engine, wh
 must never import the functions.
 """
 
+import spec._clash  # noqa: F401  (first: names a shadowed spec/impl/model)
 from spec.invariants import check_plan, check_state, plan_violations, state_violations
 from spec.kv import (
     blocks_held,
