@@ -196,17 +196,19 @@ def check_kv_fits(config: SchedulerConfig, model: LlamaForCausalLM) -> None:
     drives the machine into swap.
     """
     block = kv_block_bytes(model, config.block_size)
-    pools = [("--num-gpu-blocks", config.num_gpu_blocks, model.device)]
+    pools = [("--num-gpu-blocks", config.num_gpu_blocks, model.device.type)]
     if config.num_cpu_blocks:
-        pools.append(("--num-cpu-blocks", config.num_cpu_blocks, torch.device("cpu")))
-    for option, blocks, device in pools:
-        same_place = [n for _, n, d in pools if d.type == device.type]
-        free = free_memory_bytes(device)
-        if free is not None and sum(same_place) * block > free:
+        pools.append(("--num-cpu-blocks", config.num_cpu_blocks, "cpu"))
+    for place in {p[2] for p in pools}:
+        here = [(option, n) for option, n, where in pools if where == place]
+        blocks = sum(n for _, n in here)
+        free = free_memory_bytes(torch.device(place))
+        if free is not None and blocks * block > free:
+            options = " + ".join(f"{option} {n}" for option, n in here)
             raise CLIInputError(
-                f"{option} {blocks}: a KV cache of {sum(same_place)} blocks of "
-                f"{config.block_size} tokens needs {sum(same_place) * block / GIB:.1f} GiB, "
-                f"more than the {free / GIB:.1f} GiB free on {device.type}"
+                f"{options}: a KV cache of {blocks} blocks of {config.block_size} tokens "
+                f"needs {blocks * block / GIB:.1f} GiB, more than the {free / GIB:.1f} GiB "
+                f"free on {place}"
             )
 
 

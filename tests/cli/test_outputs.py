@@ -51,9 +51,17 @@ def test_document_shape() -> None:
     doc = to_document(_result())
     assert set(doc) == {"requests", "metrics"}
     assert doc["requests"] == [
-        {"id": "a", "output": [5, 1], "finish_reason": "stop", "num_preemptions": 0, "error": None},
+        {
+            "id": "a",
+            "line": None,
+            "output": [5, 1],
+            "finish_reason": "stop",
+            "num_preemptions": 0,
+            "error": None,
+        },
         {
             "id": "b",
+            "line": None,
             "output": [],
             "finish_reason": "rejected",
             "num_preemptions": 0,
@@ -61,6 +69,7 @@ def test_document_shape() -> None:
         },
         {
             "id": "c",
+            "line": None,
             "output": [2, 3, 4],
             "finish_reason": "length",
             "num_preemptions": 2,

@@ -48,8 +48,9 @@ def test_document_shape_and_preemption(invoke: Invoke, write_workload: WriteWork
     assert set(doc) == {"requests", "metrics"}
     requests = requests_of(doc)
     assert [r["id"] for r in requests] == [f"r{i}" for i in range(6)]
-    for r, line in zip(requests, _preempting_workload(), strict=True):
-        assert set(r) == {"id", "output", "finish_reason", "num_preemptions", "error"}
+    for number, (r, line) in enumerate(zip(requests, _preempting_workload(), strict=True), 1):
+        assert set(r) == {"id", "line", "output", "finish_reason", "num_preemptions", "error"}
+        assert r["line"] == number
         assert r["finish_reason"] == "length"
         assert r["error"] is None
         output = r["output"]
@@ -155,7 +156,7 @@ def test_human_summary_and_no_progress_off_a_tty(
     assert result.out.startswith("run: 7 requests, 6 finished (6 length), 1 rejected, in ")
     assert "preemptions: " in result.out
     assert "peak 6 of 6 GPU blocks" in result.out
-    assert "  empty: " in result.out
+    assert "  empty (line 7): EmptyPromptError: " in result.out
 
 
 def test_plot_writes_png(invoke: Invoke, write_workload: WriteWorkload, tmp_path: Path) -> None:

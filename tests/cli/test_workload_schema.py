@@ -69,7 +69,7 @@ DROP = object()  # an ``edit`` value that removes the field
         ({"seed": 1.5}, "field 'seed': expected int or null, got float"),
         ({"priority": None}, "field 'priority': expected int, got null"),
         ({"temperature": "hot"}, "field 'temperature': expected float, got str"),
-        ({"arrival_step": -1}, "field 'arrival_step': expected a non-negative int, got -1"),
+        ({"arrival_step": -1}, "field 'arrival_step': expected an int in 0..100000, got -1"),
         ({"max_tokens": DROP}, "field 'max_tokens': missing required field"),
         ({"id": DROP}, "field 'id': missing required field"),
         ({"top_p": 0.9}, "field 'top_p': unknown field"),

@@ -1,0 +1,324 @@
+# ruff: noqa: E501  (the case tables read best one case a line)
+"""The bad-input table of docs/cli.md, case by case, through ``kvsched.cli:main``.
+
+Every case is answered in one of three ways, never by a traceback or a hang:
+
+- ``Exit2``: one line on stderr naming the culprit, exit 2, nothing on stdout, and
+  nothing done (no output file written);
+- ``Rejected``: the run goes on; the request's ``--json`` entry is ``rejected`` with
+  its error, and the good request ``a`` beside it is served;
+- ``Served``: not an error (a blank line, a BOM ...): every request is served.
+
+The case names are the first column of docs/cli.md's table; a test checks that the
+two lists are the same, so the table cannot drift from what is tested.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+from impl.engine import available_cpus
+from kvsched.workload import MAX_ARRIVAL_STEP
+from tests.cli.helpers import Invoke, Outcome, requests_of
+
+ROOT = Path(__file__).resolve().parents[2]
+GOOD = {"id": "a", "prompt": [1, 2, 3], "max_tokens": 2}
+
+
+@dataclass(frozen=True)
+class Exit2:
+    fragment: str
+
+
+@dataclass(frozen=True)
+class Rejected:
+    fragment: str
+
+
+@dataclass(frozen=True)
+class Served:
+    warning: str | None = None
+
+
+Answer = Exit2 | Rejected | Served
+
+
+def line(**edit: object) -> bytes:
+    """A request ``c`` that is GOOD but for ``edit`` (a value ``...`` drops the field)."""
+    obj = {**GOOD, "id": "c", **edit}
+    return json.dumps({k: v for k, v in obj.items() if v is not ...}).encode()
+
+
+def raw(text: str) -> bytes:
+    return text.encode()
+
+
+# --- the workload file: (case, bytes of the line after GOOD's, answer) -------------------
+
+HUGE = 10**30
+FILE_CASES: list[tuple[str, bytes, Answer]] = [
+    ("line-not-json", raw("{not json"), Exit2(":2: not valid JSON")),
+    ("line-not-object", raw("[1, 2]"), Exit2(":2: expected a JSON object, got list")),
+    ("line-nested-too-deep", raw("[" * 100_000), Exit2(":2: not valid JSON: nested too deeply")),
+    ("line-not-utf8", b'{"id": "c\xff"}', Exit2(":2: not UTF-8 text")),
+    ("literal-nan", raw('{"id": "c", "prompt": [1], "max_tokens": NaN}'), Exit2("NaN is not")),
+    ("literal-infinity", raw('{"id": "c", "prompt": [1], "max_tokens": Infinity}'), Exit2("Inf")),
+    ("field-twice", raw('{"id": "c", "id": "d", "prompt": [1], "max_tokens": 2}'), Exit2("'id' given twice")),
+    ("unknown-field", line(colour="red"), Exit2(":2: field 'colour': unknown field")),
+    ("id-missing", line(id=...), Exit2(":2: field 'id': missing required field")),
+    ("id-int", line(id=7), Exit2(":2: field 'id': expected str, got int")),
+    ("id-null", line(id=None), Exit2(":2: field 'id': expected str, got null")),
+    ("id-duplicate-live", line(id="a"), Rejected("DuplicateRequestError: request 'a' is already live (the request on line 1 is still live)")),
+    ("prompt-missing", line(prompt=...), Exit2(":2: field 'prompt': missing required field")),
+    ("prompt-string", line(prompt="1 2 3"), Exit2(":2: field 'prompt': expected list of int, got str")),
+    ("prompt-float-token", line(prompt=[1, 2.5]), Exit2(":2: field 'prompt': item 1: expected int, got float")),
+    ("prompt-bool-token", line(prompt=[True]), Exit2(":2: field 'prompt': item 0: expected int, got bool")),
+    ("prompt-empty", line(prompt=[]), Rejected("EmptyPromptError")),
+    ("prompt-negative-token", line(prompt=[1, -1]), Rejected("TokenOutOfVocabError")),
+    ("prompt-token-past-vocab", line(prompt=[256]), Rejected("TokenOutOfVocabError")),
+    ("prompt-huge-token", line(prompt=[HUGE]), Rejected("TokenOutOfVocabError")),
+    ("prompt-longer-than-cache", line(prompt=[1] * 1100), Rejected("RequestTooLargeError")),
+    ("max-tokens-missing", line(max_tokens=...), Exit2(":2: field 'max_tokens': missing required field")),
+    ("max-tokens-string", line(max_tokens="4"), Exit2(":2: field 'max_tokens': expected int, got str")),
+    ("max-tokens-bool", line(max_tokens=True), Exit2(":2: field 'max_tokens': expected int, got bool")),
+    ("max-tokens-float", line(max_tokens=2.0), Exit2(":2: field 'max_tokens': expected int, got float")),
+    ("max-tokens-zero", line(max_tokens=0), Rejected("InvalidMaxTokensError")),
+    ("max-tokens-negative", line(max_tokens=-5), Rejected("InvalidMaxTokensError")),
+    ("max-tokens-huge", line(max_tokens=HUGE), Rejected("RequestTooLargeError")),
+    ("eos-string", line(eos_token_id="2"), Exit2(":2: field 'eos_token_id': expected int or null, got str")),
+    ("eos-negative", line(eos_token_id=-4), Served()),
+    ("eos-past-vocab", line(eos_token_id=HUGE), Served()),
+    ("ignore-eos-int", line(ignore_eos=1), Exit2(":2: field 'ignore_eos': expected bool, got int")),
+    ("priority-float", line(priority=0.5), Exit2(":2: field 'priority': expected int, got float")),
+    ("priority-huge", line(priority=-HUGE), Served()),
+    ("temperature-negative", line(temperature=-1), Exit2(":2: field 'temperature': expected a float >= 0, got -1.0")),
+    ("temperature-string", line(temperature="hot"), Exit2(":2: field 'temperature': expected float, got str")),
+    ("temperature-overflow", raw('{"id": "c", "prompt": [1], "max_tokens": 2, "temperature": 1e999}'), Exit2(":2: field 'temperature': expected a finite float, got inf")),
+    ("temperature-huge", line(temperature=1e308, seed=3), Served()),
+    ("seed-float", line(seed=1.5), Exit2(":2: field 'seed': expected int or null, got float")),
+    ("seed-huge", line(temperature=0.7, seed=HUGE), Served()),
+    ("seed-negative", line(temperature=0.7, seed=-HUGE), Served()),
+    ("arrival-negative", line(arrival_step=-2), Exit2(f":2: field 'arrival_step': expected an int in 0..{MAX_ARRIVAL_STEP}, got -2")),
+    ("arrival-far-future", line(arrival_step=10**12), Exit2(f"expected an int in 0..{MAX_ARRIVAL_STEP}")),
+    ("arrival-float", line(arrival_step=1.0), Exit2(":2: field 'arrival_step': expected int, got float")),
+]  # fmt: skip
+
+# Whole files: (case, file bytes, answer).
+WHOLE_FILE_CASES: list[tuple[str, bytes, Answer]] = [
+    ("blank-lines", b"\n" + json.dumps(GOOD).encode() + b"\n  \n\t\n" + line() + b"\n\n", Served()),
+    ("crlf", json.dumps(GOOD).encode() + b"\r\n" + line() + b"\r\n", Served()),
+    ("bom", b"\xef\xbb\xbf" + json.dumps(GOOD).encode() + b"\n" + line() + b"\n", Served()),
+    ("no-final-newline", json.dumps(GOOD).encode() + b"\n" + line(), Served()),
+    (
+        "id-reused-after-finish",
+        json.dumps(GOOD).encode() + b"\n" + line(id="a", arrival_step=20) + b"\n",
+        Served(),
+    ),
+    ("empty-file", b"", Served()),
+]  # fmt: skip
+
+
+def _assert_exit2(result: Outcome, fragment: str) -> None:
+    assert result.code == 2, (result.code, result.out, result.err)
+    assert result.out == ""
+    assert "Traceback" not in result.err
+    assert result.err.count("\n") == 1 and result.err.endswith("\n"), result.err
+    assert result.err.startswith("kvsched"), result.err
+    assert fragment in result.err, result.err
+
+
+def _run_json(invoke: Invoke, path: Path, *options: str) -> tuple[Outcome, list[dict[str, object]]]:
+    result = invoke("run", str(path), "--json", "--device", "cpu", *options)
+    assert result.code == 0, result.err
+    assert "Traceback" not in result.err
+    return result, requests_of(json.loads(result.out))
+
+
+@pytest.mark.parametrize(("case", "data", "answer"), FILE_CASES, ids=[c[0] for c in FILE_CASES])
+def test_workload_line(
+    invoke: Invoke, tmp_path: Path, case: str, data: bytes, answer: Answer
+) -> None:
+    path = tmp_path / "w.jsonl"
+    path.write_bytes(json.dumps(GOOD).encode() + b"\n" + data + b"\n")
+    if isinstance(answer, Exit2):
+        for command in ("run", "conform"):
+            _assert_exit2(
+                invoke(command, str(path), "--device", "cpu"),
+                f"{path}{answer.fragment}" if answer.fragment.startswith(":") else answer.fragment,
+            )
+        return
+    _, requests = _run_json(invoke, path)
+    assert [r["line"] for r in requests] == [1, 2]
+    good, other = requests
+    assert good["finish_reason"] == "length"
+    if isinstance(answer, Rejected):
+        assert other["finish_reason"] == "rejected"
+        assert isinstance(other["error"], str)
+        assert answer.fragment in other["error"], other["error"]
+    else:
+        assert other["finish_reason"] in ("length", "stop"), other
+    # conform answers the same way: spec and engine agree on the refusal or the run.
+    conform = invoke("conform", str(path), "--device", "cpu")
+    assert conform.code == 0, conform.out + conform.err
+    expected_rejected = 1 if isinstance(answer, Rejected) else 0
+    assert f"2 requests, {expected_rejected} rejected" in conform.out
+
+
+@pytest.mark.parametrize(
+    ("case", "data", "answer"), WHOLE_FILE_CASES, ids=[c[0] for c in WHOLE_FILE_CASES]
+)
+def test_whole_file(invoke: Invoke, tmp_path: Path, case: str, data: bytes, answer: Answer) -> None:
+    path = tmp_path / "w.jsonl"
+    path.write_bytes(data)
+    assert isinstance(answer, Served)
+    result, requests = _run_json(invoke, path)
+    assert result.err == ""
+    assert all(r["finish_reason"] in ("length", "stop") for r in requests), requests
+    if case == "empty-file":
+        assert requests == []
+    elif case == "id-reused-after-finish":  # two served entries for "a", told apart by line
+        assert [(r["id"], r["line"]) for r in requests] == [("a", 1), ("a", 2)]
+    else:
+        assert [r["id"] for r in requests] == ["a", "c"]
+
+
+def test_max_tokens_huge_in_a_reference_run(invoke: Invoke, tmp_path: Path) -> None:
+    """``--reference`` sizes a cache per request: one that would not fit the memory
+    free is rejected rather than allocated (case ``reference-cache-too-large``)."""
+    path = tmp_path / "w.jsonl"
+    path.write_bytes(json.dumps(GOOD).encode() + b"\n" + line(max_tokens=HUGE) + b"\n")
+    _, requests = _run_json(invoke, path, "--reference")
+    assert requests[0]["finish_reason"] == "length"
+    assert requests[1]["finish_reason"] == "rejected"
+    assert "RequestTooLargeError: alone, its whole life needs" in str(requests[1]["error"])
+
+
+def test_prompt_over_the_budget_without_chunking(invoke: Invoke, tmp_path: Path) -> None:
+    """Case ``prompt-over-budget-unchunked``: it could never be scheduled, so R4 refuses it."""
+    path = tmp_path / "w.jsonl"
+    path.write_bytes(json.dumps(GOOD).encode() + b"\n" + line(prompt=[1] * 40) + b"\n")
+    options = ("--no-enable-chunked-prefill", "--max-num-batched-tokens", "32")
+    _, requests = _run_json(invoke, path, *options)
+    assert requests[0]["finish_reason"] == "length"
+    assert requests[1]["finish_reason"] == "rejected"
+
+
+# --- options: (case, argv with {w} for a good workload file and {d} for tmp_path) --------
+
+CPUS = available_cpus()
+OPTION_CASES: list[tuple[str, tuple[str, ...], str]] = [
+    ("no-command", (), "usage: kvsched"),
+    ("unknown-command", ("serve",), "argument COMMAND: invalid choice: 'serve'"),
+    ("unknown-option", ("run", "{w}", "--bogus"), "unrecognized arguments: --bogus"),
+    ("workload-missing-argument", ("run",), "the following arguments are required: WORKLOAD.jsonl"),
+    ("workload-file-missing", ("run", "{d}/missing.jsonl"), "missing.jsonl: No such file or directory"),
+    ("workload-file-is-directory", ("run", "{d}"), ": Is a directory"),
+    ("num-gpu-blocks-zero", ("run", "{w}", "--num-gpu-blocks", "0"), "argument --num-gpu-blocks: must be a positive integer"),
+    ("num-gpu-blocks-negative", ("run", "{w}", "--num-gpu-blocks", "-3"), "argument --num-gpu-blocks: must be a positive integer"),
+    ("num-gpu-blocks-not-int", ("run", "{w}", "--num-gpu-blocks", "1e3"), "argument --num-gpu-blocks: expected an integer, got '1e3'"),
+    ("num-gpu-blocks-huge", ("run", "{w}", "--num-gpu-blocks", str(10**12)), "--num-gpu-blocks 1000000000000: a KV cache of"),
+    ("block-size-zero", ("run", "{w}", "--block-size", "0"), "argument --block-size: must be a positive integer"),
+    ("block-size-huge", ("run", "{w}", "--block-size", str(10**9)), "GiB, more than the"),
+    ("max-num-batched-tokens-zero", ("run", "{w}", "--max-num-batched-tokens", "0"), "argument --max-num-batched-tokens"),
+    ("max-num-seqs-zero", ("run", "{w}", "--max-num-seqs", "0"), "argument --max-num-seqs"),
+    ("num-cpu-blocks-negative", ("run", "{w}", "--num-cpu-blocks", "-1"), "argument --num-cpu-blocks: must be a non-negative integer"),
+    ("num-cpu-blocks-huge", ("run", "{w}", "--preemption-mode", "swap", "--num-cpu-blocks", str(10**12)), "--num-gpu-blocks 64 + --num-cpu-blocks 1000000000000: a KV cache of"),
+    ("preemption-mode-unknown", ("run", "{w}", "--preemption-mode", "drop"), "argument --preemption-mode: invalid choice: 'drop'"),
+    ("policy-unknown", ("conform", "{w}", "--policy", "fifo"), "argument --policy: invalid choice: 'fifo'"),
+    ("dtype-unknown", ("run", "{w}", "--dtype", "int8"), "argument --dtype: invalid choice: 'int8'"),
+    ("device-unknown", ("run", "{w}", "--device", "tpu"), "argument --device: invalid choice: 'tpu'"),
+    ("model-missing", ("run", "{w}", "--model", "{d}/nowhere"), "--model {d}/nowhere: checkpoint directory"),
+    ("cli-seed-not-int", ("run", "{w}", "--seed", "x"), "argument --seed: expected an integer, got 'x'"),
+    ("cli-seed-huge", ("run", "{w}", "--seed", str(2**64)), "argument --seed: must be an integer in -2**63..2**64-1"),
+    ("threads-zero", ("run", "{w}", "--threads", "0"), f"argument --threads: must be an integer in 1..{CPUS}"),
+    ("threads-more-than-cpus", ("demo", "--threads", str(CPUS + 1)), f"argument --threads: must be an integer in 1..{CPUS}"),
+    ("plot-unsupported-type", ("run", "{w}", "--plot", "{d}/kv.txt"), "--plot {d}/kv.txt: unsupported file type '.txt' (use .png, .svg, .pdf)"),
+    ("plot-no-extension", ("run", "{w}", "--plot", "{d}/kv"), "unsupported file type ''"),
+    ("plot-missing-directory", ("run", "{w}", "--plot", "{d}/no/kv.png"), "--plot {d}/no/kv.png: directory {d}/no does not exist"),
+    ("plot-under-a-file", ("run", "{w}", "--plot", "{w}/kv.png"), "is not a directory"),
+    ("plot-is-a-directory", ("run", "{w}", "--plot", "{d}/sub.png"), "--plot {d}/sub.png: is a directory"),
+    ("plot-not-writable", ("run", "{w}", "--plot", "/proc/kv.png"), "--plot /proc/kv.png: cannot be written"),
+    ("plot-with-reference", ("run", "{w}", "--reference", "--plot", "{d}/kv.png"), "not with --reference"),
+    ("gen-num-requests-negative", ("workload", "--num-requests", "-1"), "argument --num-requests: must be a non-negative integer"),
+    ("gen-num-requests-huge", ("workload", "--num-requests", str(10**9)), "--num-requests 1000000000: at most 1,000,000 requests"),
+    ("gen-prompt-tokens-huge", ("workload", "--num-requests", "1000", "--prompt-len", str(10**6)), "more than 100,000,000 prompt tokens"),
+    ("gen-prompt-len-reversed", ("workload", "--prompt-len", "9:2"), "argument --prompt-len: '9:2': MIN 9 is greater than MAX 2"),
+    ("gen-prompt-len-zero", ("workload", "--prompt-len", "0:4"), "argument --prompt-len: '0:4': values must be >= 1"),
+    ("gen-max-tokens-bad-syntax", ("workload", "--max-tokens", "longtail:5"), "argument --max-tokens: 'longtail:5': expected"),
+    ("gen-arrival-spread-huge", ("workload", "--arrival-spread", str(10**9)), f"at most {MAX_ARRIVAL_STEP:,}"),
+    ("gen-vocab-size-one", ("workload", "--vocab-size", "1"), "argument --vocab-size: must be an integer >= 2"),
+    ("gen-temperature-negative", ("workload", "--temperature", "-1"), "argument --temperature: must be a finite number >= 0"),
+    ("gen-temperature-nan", ("workload", "--temperature", "nan"), "argument --temperature: must be a finite number >= 0"),
+    ("gen-eos-negative", ("workload", "--eos-token-id", "-1"), "argument --eos-token-id: must be a non-negative integer"),
+    ("gen-output-missing-directory", ("workload", "-o", "{d}/no/w.jsonl"), "-o {d}/no/w.jsonl: directory {d}/no does not exist"),
+    ("gen-output-is-directory", ("workload", "-o", "{d}"), "-o {d}: is a directory"),
+    ("gen-output-not-writable", ("workload", "-o", "/proc/w.jsonl"), "-o /proc/w.jsonl: cannot be written"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("case", "argv", "fragment"), OPTION_CASES, ids=[c[0] for c in OPTION_CASES]
+)
+def test_option(
+    invoke: Invoke, tmp_path: Path, case: str, argv: tuple[str, ...], fragment: str
+) -> None:
+    workload = tmp_path / "w.jsonl"
+    workload.write_text(json.dumps(GOOD) + "\n")
+    (tmp_path / "sub.png").mkdir()
+    before = sorted(tmp_path.rglob("*"))
+    args = [a.format(w=workload, d=tmp_path) for a in argv]
+    result = invoke(*args)
+    if case == "no-command":  # the list of commands, as argparse's usage error does
+        assert result.code == 2 and result.out == ""
+        for command in ("demo", "workload", "run", "conform"):
+            assert re.search(rf"^\s+{command}\s", result.err, re.M), result.err
+        return
+    _assert_exit2(result, fragment.format(w=workload, d=tmp_path))
+    assert sorted(tmp_path.rglob("*")) == before  # nothing was written
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available here")
+def test_cuda_without_cuda(invoke: Invoke, tmp_path: Path) -> None:
+    """Case ``device-cuda-absent``."""
+    workload = tmp_path / "w.jsonl"
+    workload.write_text(json.dumps(GOOD) + "\n")
+    _assert_exit2(invoke("run", str(workload), "--device", "cuda"), "--device")
+
+
+def test_swap_without_cpu_blocks_warns_once(invoke: Invoke, tmp_path: Path) -> None:
+    """Case ``swap-without-cpu-blocks``: served, one warning, even for ``--reference``
+    (one engine per request)."""
+    workload = tmp_path / "w.jsonl"
+    workload.write_text(json.dumps(GOOD) + "\n" + json.dumps({**GOOD, "id": "b"}) + "\n")
+    for extra in ((), ("--reference",)):
+        result = invoke("run", str(workload), "--preemption-mode", "swap", "--json", *extra)
+        assert result.code == 0
+        assert result.err == (
+            "kvsched: warning: --preemption-mode swap with --num-cpu-blocks 0: there is no "
+            "CPU pool, so every preemption falls back to recompute\n"
+        )
+
+
+def _table_cases() -> set[str]:
+    text = (ROOT / "docs" / "cli.md").read_text()
+    return set(re.findall(r"^\| `([a-z0-9-]+)` \|", text, re.M))
+
+
+def test_docs_table_lists_exactly_the_tested_cases() -> None:
+    names = [c[0] for c in FILE_CASES] + [c[0] for c in WHOLE_FILE_CASES]
+    names += [c[0] for c in OPTION_CASES]
+    names += [
+        "reference-cache-too-large",
+        "prompt-over-budget-unchunked",
+        "device-cuda-absent",
+        "swap-without-cpu-blocks",
+        "model-unloadable",  # tests/cli/test_bad_input.py
+    ]
+    assert len(set(names)) == len(names), "a case name is used twice"
+    assert _table_cases() == set(names)
