@@ -30,6 +30,10 @@ PREEMPTION_MARKERS = (
 
 
 def plot_timeline(result: RunResult, path: str | Path, *, title: str = "KV cache timeline") -> None:
+    timeline_figure(result, title=title).savefig(str(path), dpi=100)
+
+
+def timeline_figure(result: RunResult, *, title: str = "KV cache timeline") -> Figure:
     timeline = result.timeline
     steps = [s.step for s in timeline]
     capacity = result.metrics.num_gpu_blocks
@@ -88,5 +92,4 @@ def plot_timeline(result: RunResult, path: str | Path, *, title: str = "KV cache
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
-
-    fig.savefig(str(path), dpi=100)
+    return fig
