@@ -246,12 +246,24 @@ def cmd_workload(args: argparse.Namespace) -> int:
         ignore_eos=args.ignore_eos,
         temperature=args.temperature,
     )
-    requests = generate_workload(settings)
-    if args.output is None:
-        dump_workload(requests, sys.stdout)
-    else:
-        with open(args.output, "w", encoding="utf-8") as f:
-            dump_workload(requests, f)
+    n = args.num_requests
+    # Drawing, then writing: a million requests take about half a minute.
+    bar = CommandProgress(
+        "kvsched workload",
+        2 * n,
+        # Not over requests printed to a terminal.
+        enabled=wanted(quiet=args.quiet) and (args.output is not None or not sys.stdout.isatty()),
+        unit="(draw, then write)",
+        show_steps=False,
+    )
+    with bar:
+        requests = generate_workload(settings, on_progress=lambda k: bar.update(0, k))
+        if args.output is None:
+            dump_workload(requests, sys.stdout)
+        else:
+            with open(args.output, "w", encoding="utf-8") as f:
+                dump_workload(requests, f, on_progress=lambda k: bar.update(0, n + k))
+    if args.output is not None:
         notice(f"wrote {args.output} ({len(requests)} requests)", quiet=args.quiet)
     return 0
 

@@ -234,10 +234,18 @@ def read_workload(path: str | Path) -> list[WorkloadRequest]:
     return parse_lines(lines, path=name)
 
 
-def dump_workload(requests: Iterable[WorkloadRequest], out: TextIO) -> None:
+ProgressCallback = Callable[[int], None]  # requests done so far
+PROGRESS_EVERY = 1000  # requests between two progress callbacks
+
+
+def dump_workload(
+    requests: Iterable[WorkloadRequest], out: TextIO, *, on_progress: ProgressCallback | None = None
+) -> None:
     """Write ``requests`` as JSONL (the inverse of ``read_workload``)."""
-    for r in requests:
+    for i, r in enumerate(requests, start=1):
         out.write(json.dumps(r.to_json()) + "\n")
+        if on_progress is not None and i % PROGRESS_EVERY == 0:
+            on_progress(i)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -256,7 +264,9 @@ class GeneratorSettings:
     temperature: float = 0.0
 
 
-def generate_workload(s: GeneratorSettings) -> list[WorkloadRequest]:
+def generate_workload(
+    s: GeneratorSettings, *, on_progress: ProgressCallback | None = None
+) -> list[WorkloadRequest]:
     """A random workload, a pure function of the settings (and so of the seed).
 
     Prompt tokens are uniform over ``1 .. vocab_size - 1`` (0 is left out, as the
@@ -280,4 +290,6 @@ def generate_workload(s: GeneratorSettings) -> list[WorkloadRequest]:
         drawn.append(
             WorkloadRequest(request_id=f"r{i}", prompt=prompt, params=params, arrival_step=arrival)
         )
+        if on_progress is not None and (i + 1) % PROGRESS_EVERY == 0:
+            on_progress(i + 1)
     return sorted(drawn, key=lambda r: r.arrival_step)

@@ -81,17 +81,27 @@ class _Terminal(io.StringIO):
         return True
 
 
-@pytest.mark.parametrize("command", ["run", "conform", "demo"])
+@pytest.mark.parametrize("command", ["run", "conform", "demo", "workload"])
 def test_progress_on_a_terminal_only(
-    write_workload: WriteWorkload, monkeypatch: pytest.MonkeyPatch, command: str
+    write_workload: WriteWorkload,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    command: str,
 ) -> None:
-    argv = [command] if command == "demo" else [command, str(write_workload([GOOD]))]
+    argv = {
+        "run": ["run", str(write_workload([GOOD]))],
+        "conform": ["conform", str(write_workload([GOOD]))],
+        "demo": ["demo"],
+        "workload": ["workload", "--num-requests", "1500", "-o", str(tmp_path / "w.jsonl")],
+    }[command]
     for quiet in (False, True):
         terminal = _Terminal()
         monkeypatch.setattr(sys, "stderr", terminal)
         assert main([*argv, *(["-q"] if quiet else [])]) == 0
         drawn = terminal.getvalue()
         assert (f"kvsched {command}" in drawn) is not quiet, drawn
+        if command == "workload":  # no notice with -q; a notice beside the bar without
+            assert ("wrote" in drawn) is not quiet
 
 
 def test_progress_on_a_real_terminal() -> None:
