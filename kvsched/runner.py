@@ -65,12 +65,16 @@ def run_workload(
 
 
 def solo_config(base: SchedulerConfig, request: WorkloadRequest) -> SchedulerConfig:
-    """``base`` with a cache and a token budget that hold ``request``'s whole life."""
+    """``base`` with a cache and a token budget that hold ``request``'s whole life.
+
+    Nothing is ever preempted then, so there is no swap pool to allocate.
+    """
     tokens = max(1, len(request.prompt) + max(request.params.max_tokens, 1))
     return dataclasses.replace(
         base,
         num_gpu_blocks=_cdiv(tokens, base.block_size),
         max_num_batched_tokens=max(base.max_num_batched_tokens, tokens),
+        num_cpu_blocks=0,
     )
 
 

@@ -15,6 +15,7 @@ two lists are the same, so the table cannot drift from what is tested.
 
 from __future__ import annotations
 
+import errno
 import json
 import re
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import kvsched.cli
 from impl.engine import available_cpus
 from kvsched.workload import MAX_ARRIVAL_STEP
 from tests.cli.helpers import Invoke, Outcome, requests_of
@@ -199,6 +201,33 @@ def test_max_tokens_huge_in_a_reference_run(invoke: Invoke, tmp_path: Path) -> N
     assert "RequestTooLargeError: alone, its whole life needs" in str(requests[1]["error"])
 
 
+def test_huge_swap_pool_in_a_reference_run(invoke: Invoke, tmp_path: Path) -> None:
+    """Case ``reference-cpu-pool-huge``: alone, nothing is preempted; no pool is made."""
+    path = tmp_path / "w.jsonl"
+    path.write_bytes(json.dumps(GOOD).encode() + b"\n")
+    options = ("--reference", "--preemption-mode", "swap", "--num-cpu-blocks", str(10**12))
+    _, requests = _run_json(invoke, path, *options)
+    assert requests[0]["finish_reason"] == "length"
+
+
+def test_plot_that_fails_after_the_run_keeps_the_results(
+    invoke: Invoke, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Case ``plot-fails-late`` (say the disk fills up after the checks): the results are
+    printed before the plot is drawn, then one line and exit 2."""
+
+    def disk_full(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "kv.png"))
+
+    monkeypatch.setattr(kvsched.cli, "plot_timeline", disk_full)
+    path = tmp_path / "w.jsonl"
+    path.write_bytes(json.dumps(GOOD).encode() + b"\n")
+    result = invoke("run", str(path), "--json", "--plot", str(tmp_path / "kv.png"))
+    assert result.code == 2
+    assert requests_of(json.loads(result.out))[0]["finish_reason"] == "length"
+    assert result.err == f"kvsched: {tmp_path / 'kv.png'}: No space left on device\n"
+
+
 def test_prompt_over_the_budget_without_chunking(invoke: Invoke, tmp_path: Path) -> None:
     """Case ``prompt-over-budget-unchunked``: it could never be scheduled, so R4 refuses it."""
     path = tmp_path / "w.jsonl"
@@ -318,6 +347,8 @@ def test_docs_table_lists_exactly_the_tested_cases() -> None:
         "prompt-over-budget-unchunked",
         "device-cuda-absent",
         "swap-without-cpu-blocks",
+        "reference-cpu-pool-huge",
+        "plot-fails-late",
         "model-unloadable",  # tests/cli/test_bad_input.py
     ]
     assert len(set(names)) == len(names), "a case name is used twice"
