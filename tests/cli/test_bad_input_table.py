@@ -76,6 +76,7 @@ FILE_CASES: list[tuple[str, bytes, Answer]] = [
     ("id-missing", line(id=...), Exit2(":2: field 'id': missing required field")),
     ("id-int", line(id=7), Exit2(":2: field 'id': expected str, got int")),
     ("id-null", line(id=None), Exit2(":2: field 'id': expected str, got null")),
+    ("id-empty", line(id=""), Served()),
     ("id-duplicate-live", line(id="a"), Rejected("DuplicateRequestError: request 'a' is already live (the request on line 1 is still live)")),
     ("prompt-missing", line(prompt=...), Exit2(":2: field 'prompt': missing required field")),
     ("prompt-string", line(prompt="1 2 3"), Exit2(":2: field 'prompt': expected list of int, got str")),
