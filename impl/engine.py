@@ -50,9 +50,10 @@ from spec.types import (
     StepPlan,
 )
 
-# Below this many parameters a CPU forward's matmuls are too small to split: measured
-# on a 2-core machine, one thread beat two by 4-40x from the tiny default model (0.1M)
-# up to a 78M-parameter model (docs/cli.md, "Threads").
+# Below this many parameters a CPU forward's matmuls are too small to be worth
+# splitting: on a busy 2-core machine one thread beat two by 4-40x from the tiny
+# default model (0.1M) up to a 78M-parameter one (docs/cli.md, "Threads"). Larger,
+# real checkpoints were not measured; there the threads are left to the CPU count.
 SMALL_MODEL_PARAMETERS = 100_000_000
 
 
