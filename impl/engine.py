@@ -51,9 +51,10 @@ from spec.types import (
 )
 
 # Below this many parameters a CPU forward's matmuls are too small to be worth
-# splitting: on a busy 2-core machine one thread beat two by 4-40x from the tiny
-# default model (0.1M) up to a 78M-parameter one (docs/cli.md, "Threads"). Larger,
-# real checkpoints were not measured; there the threads are left to the CPU count.
+# splitting: one thread beat two by 4-40x from the tiny default model (0.1M) up to a
+# 78M-parameter one on a 2-core machine (docs/cli.md, "Threads"). Above it, a thread
+# pays off only on a CPU that is otherwise idle: on that machine under load, one
+# thread still beat two by 3x at 308M.
 SMALL_MODEL_PARAMETERS = 100_000_000
 
 
@@ -64,18 +65,27 @@ def available_cpus() -> int:
     return max(1, os.cpu_count() or 1)
 
 
+def idle_cpus() -> int:
+    """Usable CPUs less the 1-minute load average (runnable threads), at least 1."""
+    cpus = available_cpus()
+    if not hasattr(os, "getloadavg"):
+        return cpus
+    return max(1, min(cpus, cpus - round(os.getloadavg()[0])))
+
+
 def default_num_threads(model: LlamaForCausalLM) -> int:
     """torch's intra-op threads for ``model`` when none are asked for.
 
     One thread for a model on an accelerator (the CPU only schedules and samples) and
     for a CPU model under ``SMALL_MODEL_PARAMETERS``, where extra threads spin instead
-    of working; otherwise one per CPU this process may use.
+    of working; otherwise one per idle CPU (``idle_cpus``), since threads that share
+    a CPU with other work wait on each other.
     """
     on_cpu = next(model.parameters()).device.type == "cpu"
     size = sum(p.numel() for p in model.parameters())
     if not on_cpu or size < SMALL_MODEL_PARAMETERS:
         return 1
-    return available_cpus()
+    return idle_cpus()
 
 
 def set_num_threads(model: LlamaForCausalLM, threads: int | None) -> int:

@@ -121,7 +121,7 @@ def add_threads_option(parser: argparse.ArgumentParser | argparse._ArgumentGroup
         default=None,
         metavar="N",
         help="torch intra-op threads (default: 1 for models under 100M parameters or on "
-        "an accelerator, else one per usable CPU; OMP_NUM_THREADS, if set, is kept)",
+        "an accelerator, else one per idle CPU; OMP_NUM_THREADS, if set, is kept)",
     )
 
 

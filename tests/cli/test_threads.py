@@ -4,6 +4,7 @@ to choose, ``OMP_NUM_THREADS`` kept (docs/cli.md, "Threads")."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -37,13 +38,19 @@ def test_tiny_model_gets_one_thread() -> None:
 
 @needs_two_cpus
 @pytest.mark.usefixtures("no_omp")
-def test_large_cpu_model_gets_every_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_large_cpu_model_gets_the_idle_cpus(monkeypatch: pytest.MonkeyPatch) -> None:
     model = build_tiny_model(seed=0)
     size = sum(p.numel() for p in model.parameters())
     monkeypatch.setattr(impl.engine, "SMALL_MODEL_PARAMETERS", size)  # as if it were large
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.2, 0.0, 0.0))  # an idle machine
     assert default_num_threads(model) == CPUS
     assert LLMEngine(CONFIG, model=model).num_threads == CPUS
-    monkeypatch.setattr(impl.engine, "SMALL_MODEL_PARAMETERS", size + 1)
+    monkeypatch.setattr(os, "getloadavg", lambda: (CPUS - 0.8, 0.0, 0.0))  # one CPU idle
+    assert default_num_threads(model) == 1
+    monkeypatch.setattr(os, "getloadavg", lambda: (3.0 * CPUS, 0.0, 0.0))  # overloaded
+    assert default_num_threads(model) == 1
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.2, 0.0, 0.0))
+    monkeypatch.setattr(impl.engine, "SMALL_MODEL_PARAMETERS", size + 1)  # small again
     assert default_num_threads(model) == 1
 
 
