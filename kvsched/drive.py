@@ -122,7 +122,7 @@ def drive(
                 first = live.get(r.request_id)
                 if isinstance(e, DuplicateRequestError) and first is not None:
                     where = workload[first].line
-                    error += f" (the request on line {where} is still live)" if where else ""
+                    error += f" (line {where})" if where else ""
                 outcomes[i] = RequestOutcome(request_id=r.request_id, error=error, line=r.line)
                 done += 1
             else:
