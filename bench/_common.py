@@ -81,7 +81,10 @@ def add_common_args(parser: argparse.ArgumentParser, *, repeats: int) -> None:
 
 
 def setup_torch(args: argparse.Namespace) -> torch.device:
-    torch.set_num_threads(max(1, int(args.threads)))
+    threads = max(1, int(args.threads))
+    torch.set_num_threads(threads)
+    # An LLMEngine built with threads=None keeps OMP_NUM_THREADS rather than choosing.
+    os.environ["OMP_NUM_THREADS"] = str(threads)
     return resolve_device(str(args.device))
 
 
