@@ -28,14 +28,17 @@ from typing import Any
 
 from kvsched.peers.protocol import (
     Observation,
+    PeerFailure,
     PeerNotInstalledError,
     PeerUnsupportedError,
     make_plan,
 )
 from spec.scheduler import TokenOracle
 from spec.types import (
+    EmptyPromptError,
     FinishedRequest,
     FinishReason,
+    InvalidMaxTokensError,
     Preemption,
     PreemptionMode,
     Request,
@@ -227,6 +230,12 @@ class VllmAdapter:
         self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams
     ) -> None:
         v = self.v
+        # vLLM's front end refuses these before the scheduler sees them
+        # (v1/engine/input_processor.py:566, sampling_params.py:690).
+        if not prompt_token_ids:
+            raise EmptyPromptError("vllm: the decoder prompt cannot be empty")
+        if params.max_tokens < 1:
+            raise InvalidMaxTokensError(f"vllm: max_tokens must be at least 1, got {params.max_tokens}")
         sp = v["SamplingParams"](
             max_tokens=params.max_tokens, ignore_eos=params.ignore_eos, temperature=0.0
         )
@@ -268,6 +277,12 @@ class VllmAdapter:
         return FinishReason.ABORTED
 
     def step(self, next_token: TokenOracle) -> StepPlan:
+        try:
+            return self._step(next_token)
+        except Exception as e:  # the peer failed: lockstep reports it as a divergence
+            raise PeerFailure(f"vllm: {type(e).__name__}: {e}") from e
+
+    def _step(self, next_token: TokenOracle) -> StepPlan:
         self._victims.clear()
         out = self.scheduler.schedule()
         step = self.num_steps
