@@ -173,6 +173,11 @@ class NanoAdapter:
     def _step(self, next_token: TokenOracle) -> StepPlan:
         s = self.scheduler
         step = self.num_steps
+        if s.is_finished():
+            # nano-vllm's engine loop does not call schedule() with nothing to do (it
+            # would fail its `assert scheduled_seqs`): an idle step.
+            self.num_steps += 1
+            return make_plan(step, scheduled=())
         running_before = {id(q) for q in s.running}
         waiting_before = list(s.waiting)
         seqs, is_prefill = s.schedule()

@@ -11,8 +11,12 @@ Mapping of the spec's config (docs/peers.md lists what has no counterpart):
 - ``policy``: ``lifo`` is vLLM's ``fcfs`` (victim = last running), ``priority`` is
   ``priority``; ``preemption_mode`` must be ``recompute`` (vLLM V1 has no swap);
 - prefix caching is off: the spec has none yet;
-- ``max_model_len`` is the local model config's ``max_position_embeddings``
-  (``MAX_MODEL_LEN``), larger than any workload here, so its stop rule never fires;
+- ``max_model_len``: with chunked prefill on, the local model config's
+  ``max_position_embeddings`` (``MAX_MODEL_LEN``), larger than any workload here, so
+  its stop rule never fires; with it off vLLM requires
+  ``max_num_batched_tokens >= max_model_len`` (config/scheduler.py:315), so it is
+  ``max_num_batched_tokens``, and vLLM's front end refuses a prompt that reaches it
+  (v1/engine/input_processor.py:574-602) and its stop rule ends a request there;
 - ``eos_token_id`` goes through ``update_from_generation_config`` as vLLM's engine
   does (so ``ignore_eos`` drops it).
 """
@@ -43,6 +47,7 @@ from spec.types import (
     PreemptionMode,
     Request,
     RequestState,
+    RequestTooLargeError,
     SamplingParams,
     SchedulerConfig,
     SchedulerState,
@@ -83,6 +88,7 @@ def _prepare_environment() -> Path:
     if not config_file.exists() or config_file.read_text() != text:
         config_file.write_text(text)
     os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     os.environ.setdefault("VLLM_CACHE_ROOT", str(root / "vllm-cache"))
     return model_dir
 
@@ -151,12 +157,16 @@ def check_config(config: SchedulerConfig) -> None:
         )
 
 
+def max_model_len(config: SchedulerConfig) -> int:
+    return MAX_MODEL_LEN if config.enable_chunked_prefill else config.max_num_batched_tokens
+
+
 def _build(config: SchedulerConfig) -> Any:
     v = _import()
     scheduler_config = v["SchedulerConfig"](
         max_num_seqs=config.max_num_seqs,
         max_num_batched_tokens=config.max_num_batched_tokens,
-        max_model_len=MAX_MODEL_LEN,
+        max_model_len=max_model_len(config),
         enable_chunked_prefill=config.enable_chunked_prefill,
         policy=_POLICIES[config.policy],
         is_encoder_decoder=False,
@@ -166,7 +176,7 @@ def _build(config: SchedulerConfig) -> Any:
         skip_tokenizer_init=True,
         dtype="float32",
         seed=0,
-        max_model_len=MAX_MODEL_LEN,
+        max_model_len=max_model_len(config),
     )
     cache_config = v["CacheConfig"](
         block_size=config.block_size, enable_prefix_caching=False, cache_dtype="auto"
@@ -207,6 +217,7 @@ class VllmAdapter:
     def __init__(self, config: SchedulerConfig) -> None:
         check_config(config)
         self.config = config
+        self.max_model_len = max_model_len(config)
         self.v = _import()
         self.scheduler = _build(config)
         self.requests: dict[str, Any] = {}  # live id -> vLLM Request
@@ -235,7 +246,14 @@ class VllmAdapter:
         if not prompt_token_ids:
             raise EmptyPromptError("vllm: the decoder prompt cannot be empty")
         if params.max_tokens < 1:
-            raise InvalidMaxTokensError(f"vllm: max_tokens must be at least 1, got {params.max_tokens}")
+            raise InvalidMaxTokensError(
+                f"vllm: max_tokens must be at least 1, got {params.max_tokens}"
+            )
+        if len(prompt_token_ids) >= self.max_model_len:
+            raise RequestTooLargeError(
+                f"vllm: the prompt (length {len(prompt_token_ids)}) plus one output is "
+                f"longer than max_model_len {self.max_model_len}"
+            )
         sp = v["SamplingParams"](
             max_tokens=params.max_tokens, ignore_eos=params.ignore_eos, temperature=0.0
         )
