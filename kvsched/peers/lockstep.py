@@ -217,11 +217,11 @@ class Lockstep:
         except SampledTokensError as e:
             raise self._diverge("plan.sampled", f"refused: {e}", engine_plan.sampled) from None
         self.state = new_state
-        self.steps += 1
         self._compare(
             mask_plan(spec_plan, self.hidden), mask_plan(engine_plan, self.hidden), "plan"
         )
         self.compare_states()
+        self.steps += 1
         self.preemptions += len(spec_plan.preempted)
         self.spec_finished.extend(spec_plan.finished)
         self.engine_finished.extend(engine_plan.finished)
