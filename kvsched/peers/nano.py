@@ -63,6 +63,7 @@ def _import() -> dict[str, Any]:
         package = types.ModuleType("nanovllm")
         package.__path__ = list(spec.submodule_search_locations)
         package.__file__ = str(Path(package.__path__[0]) / "__init__.py")
+        package.__spec__ = spec  # found, never executed
         sys.modules["nanovllm"] = package
     try:
         scheduler = importlib.import_module("nanovllm.engine.scheduler")

@@ -30,3 +30,8 @@ def peer_name(request: pytest.FixtureRequest) -> str:
     name: str = request.param
     require_peer(name)
     return name
+
+
+from tests.cli.conftest import invoke  # noqa: E402  (the CLI tests' fixture)
+
+__all__ = ["invoke", "peer_name", "require_peer"]
