@@ -172,7 +172,7 @@ def _until_decoding(peer: SchedulerUnderTest, num_requests: int, max_tokens: int
 
 def vllm_path(num_requests: int, max_tokens: int) -> Callable[[], None]:
     """vLLM V1's ``schedule()`` + ``update_from_output()``, a fake runner's output between."""
-    from kvsched.peers.vllm_v1 import VllmAdapter
+    from kvsched.peers.vllm_v1 import VllmAdapter  # noqa: PLC0415  (imports vLLM)
 
     adapter = VllmAdapter(make_config(num_requests, max_tokens))
     _until_decoding(adapter, num_requests, max_tokens)
@@ -196,7 +196,7 @@ def vllm_path(num_requests: int, max_tokens: int) -> Callable[[], None]:
 
 def nano_path(num_requests: int, max_tokens: int) -> Callable[[], None]:
     """nano-vllm's ``schedule()`` + ``postprocess()`` (its prefix-cache hashing included)."""
-    from kvsched.peers.nano import NanoAdapter
+    from kvsched.peers.nano import NanoAdapter  # noqa: PLC0415  (imports nano-vllm)
 
     adapter = NanoAdapter(make_config(num_requests, max_tokens))
     _until_decoding(adapter, num_requests, max_tokens)
@@ -318,10 +318,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for n in parse_sizes(args.sizes):
         result = measure(n, args.steps, args.repeats, args.spec_steps, device)
         med = {name: median(values) for name, values in result.items()}
-
-        def peer(name: str, value: Callable[[float], str], med: dict[str, float] = med) -> str:
-            return value(med[name]) if name in med else "n/a"
-
+        ours = med["schedule+commit"]
         rows.append(
             [
                 n,
@@ -329,11 +326,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     f"{med[name]:.3f}"
                     for name in ("engine step", "Scheduler.step", "schedule+commit")
                 ),
-                *(peer(name, lambda v: f"{v:.3f}") for name in PEER_PATHS),
-                *(
-                    peer(name, lambda v, ours=med["schedule+commit"]: f"{ours / v:.2f}")
-                    for name in PEER_PATHS
-                ),
+                *(f"{med[name]:.3f}" if name in med else "n/a" for name in PEER_PATHS),
+                *(f"{ours / med[name]:.2f}" if name in med else "n/a" for name in PEER_PATHS),
                 f"{med['spec']:.2f}",
                 f"{1e6 / (med['spec'] * n):,.0f}",
             ]

@@ -38,11 +38,11 @@ def make_peer(
 ) -> SchedulerUnderTest:
     """A peer scheduler by name; ``eos_token_id`` is nano-vllm's engine-wide EOS."""
     if name == "vllm":
-        from kvsched.peers.vllm_v1 import VllmAdapter
+        from kvsched.peers.vllm_v1 import VllmAdapter  # noqa: PLC0415  (lazy: see above)
 
         return VllmAdapter(config)
     if name == "nano-vllm":
-        from kvsched.peers.nano import NanoAdapter
+        from kvsched.peers.nano import NanoAdapter  # noqa: PLC0415  (lazy: see above)
 
         return NanoAdapter(config, eos_token_id=eos_token_id)
     raise PeerUnsupportedError(f"unknown peer {name!r} (known: {', '.join(PEERS)})")

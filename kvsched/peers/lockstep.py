@@ -308,8 +308,8 @@ def describe(divergence: Divergence) -> str:
 
 __all__ = [
     "SPEC_PROFILES",
-    "Divergence",
     "Diverged",
+    "Divergence",
     "Lockstep",
     "LockstepReport",
     "describe",

@@ -183,13 +183,13 @@ class NanoAdapter:
         waiting_before = list(s.waiting)
         seqs, is_prefill = s.schedule()
         # Victims were appendleft-ed to waiting one by one: the newest is at the head.
-        victims = [
-            q for q in s.waiting if id(q) in running_before and q not in waiting_before
-        ]
+        victims = [q for q in s.waiting if id(q) in running_before and q not in waiting_before]
         scheduled: list[tuple[str, int, int]] = []
         for q in seqs:
             if is_prefill:
-                scheduled.append((self.ids[q.seq_id], q.num_cached_tokens, len(q) - q.num_cached_tokens))
+                scheduled.append(
+                    (self.ids[q.seq_id], q.num_cached_tokens, len(q) - q.num_cached_tokens)
+                )
             else:
                 scheduled.append((self.ids[q.seq_id], len(q) - 1, 1))
         tokens = [next_token(tuple(q.token_ids)) for q in seqs]

@@ -1,4 +1,4 @@
-"""Our engine through the scheduler-under-test protocol: ``impl.Scheduler`` and ``impl.LLMEngine``."""
+"""Ours through the scheduler-under-test protocol: ``impl.Scheduler`` and ``impl.LLMEngine``."""
 
 from __future__ import annotations
 

@@ -114,7 +114,9 @@ def make_plan(
     """
     return StepPlan(
         step=step,
-        scheduled=tuple(ScheduledChunk(request_id=r, start=s, num_tokens=n) for r, s, n in scheduled),
+        scheduled=tuple(
+            ScheduledChunk(request_id=r, start=s, num_tokens=n) for r, s, n in scheduled
+        ),
         preempted=tuple(preempted),
         swapped_in=tuple(swapped_in),
         sampled=tuple(SampledToken(request_id=r, token_id=t) for r, t in sampled),

@@ -23,6 +23,7 @@ Mapping of the spec's config (docs/peers.md lists what has no counterpart):
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import tempfile
@@ -75,7 +76,9 @@ _POLICIES = {"lifo": "fcfs", "priority": "priority"}
 
 
 def _cache_root() -> Path:
-    return Path(os.environ.get("KVSCHED_PEERS_CACHE", Path(tempfile.gettempdir()) / "kvsched-peers"))
+    return Path(
+        os.environ.get("KVSCHED_PEERS_CACHE", Path(tempfile.gettempdir()) / "kvsched-peers")
+    )
 
 
 def _prepare_environment() -> Path:
@@ -94,6 +97,24 @@ def _prepare_environment() -> Path:
 
 
 _vllm: dict[str, Any] = {}
+# What the adapter uses: key -> (module, attribute).
+_NAMES = {
+    "torch": ("torch", "float32"),
+    "CacheConfig": ("vllm.config", "CacheConfig"),
+    "ModelConfig": ("vllm.config", "ModelConfig"),
+    "VllmConfig": ("vllm.config", "VllmConfig"),
+    "SchedulerConfig": ("vllm.config", "SchedulerConfig"),
+    "SamplingParams": ("vllm.sampling_params", "SamplingParams"),
+    "Scheduler": ("vllm.v1.core.sched.scheduler", "Scheduler"),
+    "FinishReason": ("vllm.v1.engine", "FinishReason"),
+    "FullAttentionSpec": ("vllm.v1.kv_cache_interface", "FullAttentionSpec"),
+    "KVCacheConfig": ("vllm.v1.kv_cache_interface", "KVCacheConfig"),
+    "KVCacheGroupSpec": ("vllm.v1.kv_cache_interface", "KVCacheGroupSpec"),
+    "ModelRunnerOutput": ("vllm.v1.outputs", "ModelRunnerOutput"),
+    "Request": ("vllm.v1.request", "Request"),
+    "RequestStatus": ("vllm.v1.request", "RequestStatus"),
+    "StructuredOutputManager": ("vllm.v1.structured_output", "StructuredOutputManager"),
+}
 
 
 def _import() -> dict[str, Any]:
@@ -102,41 +123,12 @@ def _import() -> dict[str, Any]:
         return _vllm
     model_dir = _prepare_environment()
     try:
-        import torch
-        from vllm.config import CacheConfig, ModelConfig, VllmConfig
-        from vllm.config import SchedulerConfig as VllmSchedulerConfig
-        from vllm.sampling_params import SamplingParams as VllmSamplingParams
-        from vllm.v1.core.sched.scheduler import Scheduler
-        from vllm.v1.engine import FinishReason as VllmFinishReason
-        from vllm.v1.kv_cache_interface import (
-            FullAttentionSpec,
-            KVCacheConfig,
-            KVCacheGroupSpec,
-        )
-        from vllm.v1.outputs import ModelRunnerOutput
-        from vllm.v1.request import Request as VllmRequest
-        from vllm.v1.request import RequestStatus
-        from vllm.v1.structured_output import StructuredOutputManager
+        for key, (module, attribute) in _NAMES.items():
+            _vllm[key] = getattr(importlib.import_module(module), attribute)
     except ImportError as e:
+        _vllm.clear()
         raise PeerNotInstalledError(NAME, str(e)) from None
-    _vllm.update(
-        torch=torch,
-        CacheConfig=CacheConfig,
-        ModelConfig=ModelConfig,
-        VllmConfig=VllmConfig,
-        SchedulerConfig=VllmSchedulerConfig,
-        SamplingParams=VllmSamplingParams,
-        Scheduler=Scheduler,
-        FinishReason=VllmFinishReason,
-        FullAttentionSpec=FullAttentionSpec,
-        KVCacheConfig=KVCacheConfig,
-        KVCacheGroupSpec=KVCacheGroupSpec,
-        ModelRunnerOutput=ModelRunnerOutput,
-        Request=VllmRequest,
-        RequestStatus=RequestStatus,
-        StructuredOutputManager=StructuredOutputManager,
-        model_dir=str(model_dir),
-    )
+    _vllm["model_dir"] = str(model_dir)
     return _vllm
 
 
@@ -196,7 +188,7 @@ def _build(config: SchedulerConfig) -> Any:
                     block_size=config.block_size,
                     num_kv_heads=1,
                     head_size=1,
-                    dtype=v["torch"].float32,
+                    dtype=v["torch"],
                 ),
             )
         ],

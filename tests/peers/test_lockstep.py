@@ -30,7 +30,9 @@ ORACLE = HashOracle(vocab_size=8)
 def _preempting() -> list[WorkloadRequest]:
     """Three requests of 3 + 6 tokens in 6 blocks of 2: someone must be preempted."""
     params = SamplingParams(max_tokens=6, ignore_eos=True)
-    return [WorkloadRequest(request_id=f"p{i}", prompt=(i + 1, 5, 6), params=params) for i in range(3)]
+    return [
+        WorkloadRequest(request_id=f"p{i}", prompt=(i + 1, 5, 6), params=params) for i in range(3)
+    ]
 
 
 def _workload(n: int = 6) -> list[WorkloadRequest]:
@@ -128,7 +130,9 @@ def test_a_wrong_plan_is_the_first_divergence() -> None:
 class _HidesPreemptions(SchedulerAdapter):
     def observe(self) -> Observation:
         o = super().observe()
-        state = replace(o.state, running=tuple(replace(r, num_preemptions=0) for r in o.state.running))
+        state = replace(
+            o.state, running=tuple(replace(r, num_preemptions=0) for r in o.state.running)
+        )
         return replace(o, state=state, hidden=frozenset({Hidden.NUM_PREEMPTIONS}))
 
 

@@ -53,7 +53,9 @@ def test_a_peer_agrees_where_no_difference_applies(peer_name: str) -> None:
 
 def test_vllm_agrees_through_preemptions() -> None:
     require_peer("vllm")
-    config = SchedulerConfig(num_gpu_blocks=3, block_size=2, max_num_batched_tokens=8, max_num_seqs=4)
+    config = SchedulerConfig(
+        num_gpu_blocks=3, block_size=2, max_num_batched_tokens=8, max_num_seqs=4
+    )
     params = SamplingParams(max_tokens=4, ignore_eos=True)
     workload = [
         WorkloadRequest(request_id=f"r{i}", prompt=(200 + i, 2), params=params) for i in range(3)
@@ -151,18 +153,24 @@ def test_a_missing_peer_names_the_install_script(
     real_find_spec = importlib.util.find_spec
 
     def no_peer_import(name: str, *args: Any, **kwargs: Any) -> Any:
-        if name.split(".")[0] == module:
+        if name.split(".", maxsplit=1)[0] == module:
             raise ImportError(f"No module named {module!r}")
         return real_import(name, *args, **kwargs)
 
     def no_peer_spec(name: str, *args: Any, **kwargs: Any) -> Any:
-        return None if name.split(".")[0] == module else real_find_spec(name, *args, **kwargs)
+        return (
+            None
+            if name.split(".", maxsplit=1)[0] == module
+            else real_find_spec(name, *args, **kwargs)
+        )
 
     for key in [k for k in sys.modules if k.split(".")[0] == module]:
         monkeypatch.delitem(sys.modules, key)
     for adapter in ("kvsched.peers.vllm_v1", "kvsched.peers.nano"):
         if adapter in sys.modules:
-            monkeypatch.setattr(sys.modules[adapter], "_vllm" if "vllm_v1" in adapter else "_nano", {})
+            monkeypatch.setattr(
+                sys.modules[adapter], "_vllm" if "vllm_v1" in adapter else "_nano", {}
+            )
     monkeypatch.setattr(builtins, "__import__", no_peer_import)
     monkeypatch.setattr(importlib.util, "find_spec", no_peer_spec)
     path = tmp_path / "w.jsonl"
