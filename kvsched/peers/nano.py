@@ -7,10 +7,11 @@ config fields, given here directly (its ``Config`` wants a real model folder and
 block size that is a multiple of 256).
 
 What nano-vllm has no counterpart for is refused with ``PeerUnsupportedError``: one
-EOS for the whole engine (every request must carry the same ``eos_token_id`` or
-none), no priorities, block size >= 2 (its full-block test ``len % 1 == 1`` never
-holds), recompute only. It does not count preemptions per request
-(``Hidden.NUM_PREEMPTIONS``).
+EOS for the whole engine (``eos_token_id``: every request that does not ignore EOS
+must carry it), no priorities, block size >= 2 (its full-block test
+``len % 1 == 1`` never holds), recompute only. It does not count preemptions per
+request (``Hidden.NUM_PREEMPTIONS``) and has no abort (``abort_request`` does what one
+would: leave both queues, free the blocks).
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from kvsched.peers import PeerNotInstalledError, PeerUnsupportedError, make_peer
-from kvsched.peers.lockstep import run_workload
+from kvsched.peers.lockstep import Lockstep, run_workload
 from kvsched.workload import WorkloadRequest
 from spec.oracle import HashOracle
 from spec.types import PreemptionMode, SamplingParams, SchedulerConfig
@@ -180,3 +180,26 @@ def test_a_missing_peer_names_the_install_script(
     result = invoke("conform", "--engine", peer, str(path), "--num-gpu-blocks", "4")
     assert result.code == 2
     assert result.err.count("\n") == 1 and "scripts/install_peers" in result.err
+
+
+def test_aborts_in_every_state_and_id_reuse(peer_name: str) -> None:
+    """Abort while waiting and while running, re-add a freed id, drain: every step agrees."""
+    config = SchedulerConfig(
+        num_gpu_blocks=16, block_size=2, max_num_batched_tokens=16, max_num_seqs=8
+    )
+    params = SamplingParams(max_tokens=4, ignore_eos=True)
+    lock = Lockstep(make_peer(peer_name, config), config, HashOracle(vocab_size=8))
+    for i in range(3):
+        lock.add(f"r{i}", (100 + i, 1, 2), params)
+    lock.abort("r2")  # waiting
+    lock.compare_states()
+    lock.step()
+    lock.abort("r1")  # running
+    lock.compare_states()
+    while lock.unfinished():
+        lock.step()
+    lock.add("r1", (110, 1), params)  # the id is free again
+    while lock.unfinished():
+        lock.step()
+    lock.finish()
+    assert lock.steps >= 5
