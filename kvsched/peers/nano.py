@@ -99,8 +99,7 @@ class NanoAdapter:
         self.config = config
         self.n = _import()
         self.eos = eos_token_id
-        # Sequence.block_size is a class attribute the block manager relies on.
-        self.n["Sequence"].block_size = config.block_size
+        self._own_block_size()
         self.scheduler = self.n["Scheduler"](
             types.SimpleNamespace(
                 max_num_seqs=config.max_num_seqs,
@@ -115,6 +114,11 @@ class NanoAdapter:
         self.spec_requests: dict[str, Request] = {}
         self.next_arrival = 0
         self.num_steps = 0
+
+    def _own_block_size(self) -> None:
+        # Sequence.block_size is a process-wide class attribute the block manager relies
+        # on: set it before every call, in case another adapter set another one.
+        self.n["Sequence"].block_size = self.config.block_size
 
     def add_request(
         self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams
@@ -133,6 +137,7 @@ class NanoAdapter:
                 f"{request_id} has {params.eos_token_id}"
             )
         scheduler = self.scheduler
+        self._own_block_size()
         if request_id in self.seqs:
             raise PeerUnsupportedError(f"nano-vllm: {request_id} is already live")
         seq = self.n["Sequence"](
@@ -174,6 +179,7 @@ class NanoAdapter:
 
     def _step(self, next_token: TokenOracle) -> StepPlan:
         s = self.scheduler
+        self._own_block_size()
         step = self.num_steps
         if s.is_finished():
             # nano-vllm's engine loop does not call schedule() with nothing to do (it
