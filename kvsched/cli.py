@@ -20,6 +20,7 @@ from kvsched import argtypes, conform, demo, engine_options, report
 from kvsched.engine_protocol import Engine
 from kvsched.errors import CLIInputError
 from kvsched.peers import PEERS, SchedulerUnderTest, common_eos, make_peer
+from kvsched.peers.lockstep import describe_states
 from kvsched.peers.ours import EngineAdapter
 from kvsched.plot import plot_timeline
 from kvsched.progress import RunProgress
@@ -138,6 +139,11 @@ def _add_conform_parser(sub: argparse._SubParsersAction[OneLineParser]) -> None:
         help="a peer samples with a pure toy oracle over N tokens (default 256); "
         "a small N makes EOS frequent",
     )
+    p.add_argument(
+        "--show-states",
+        action="store_true",
+        help="at a divergence, also print both states (the spec's and the engine's)",
+    )
     engine_options.add_engine_options(p)
     p.set_defaults(handler=cmd_conform)
 
@@ -234,6 +240,8 @@ def cmd_conform(args: argparse.Namespace) -> int:
         peer = make_peer(args.engine, config, eos_token_id=eos)
     result = conform.conform(peer, config, workload, oracle_vocab=args.oracle_vocab)
     print(conform.render(result, config, args.engine))
+    if args.show_states and result.divergence is not None:
+        print(describe_states(result.divergence))
     return 0 if result.ok else 1
 
 

@@ -295,15 +295,20 @@ def run_workload(
     )
 
 
-def describe(divergence: Divergence) -> str:
-    """The divergence with both states, for a report or a test failure."""
-    lines = [str(divergence)]
+def describe_states(divergence: Divergence) -> str:
+    """Both states at a divergence, one per line (what the one-line verdict leaves out)."""
+    lines = []
     if divergence.spec_state is not None:
-        lines.append(f"  spec state:   {divergence.spec_state}")
+        lines.append(f"  spec state:    {divergence.spec_state}")
     if divergence.engine_state is not None:
-        lines.append(f"  engine state: {divergence.engine_state.state}")
+        lines.append(f"  engine state:  {divergence.engine_state.state}")
         lines.append(f"  engine blocks: {dict(divergence.engine_state.blocks)}")
     return "\n".join(lines)
+
+
+def describe(divergence: Divergence) -> str:
+    """The divergence with both states, for a report or a test failure."""
+    return f"{divergence}\n{describe_states(divergence)}"
 
 
 __all__ = [
@@ -313,6 +318,7 @@ __all__ = [
     "Lockstep",
     "LockstepReport",
     "describe",
+    "describe_states",
     "mask_plan",
     "mask_state",
     "run_workload",

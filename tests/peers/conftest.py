@@ -12,6 +12,7 @@ import os
 import pytest
 
 from kvsched.peers.protocol import INSTALL_HINT
+from tests.cli.conftest import invoke, write_workload  # the CLI tests' fixtures, reused
 
 _MODULES = {"vllm": "vllm", "nano-vllm": "nanovllm"}
 
@@ -31,7 +32,4 @@ def peer_name(request: pytest.FixtureRequest) -> str:
     require_peer(name)
     return name
 
-
-from tests.cli.conftest import invoke  # noqa: E402  (the CLI tests' fixture)
-
-__all__ = ["invoke", "peer_name", "require_peer"]
+__all__ = ["invoke", "peer_name", "require_peer", "write_workload"]

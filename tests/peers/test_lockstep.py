@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import pytest
 
+import impl.policies
 import spec
 from kvsched.peers.lockstep import Diverged, Lockstep, run_workload
 from kvsched.peers.ours import SchedulerAdapter
@@ -23,6 +24,7 @@ from spec.types import (
     SchedulerConfig,
     StepPlan,
 )
+from tests.cli.helpers import Invoke, WriteWorkload
 
 ORACLE = HashOracle(vocab_size=8)
 
@@ -191,3 +193,23 @@ def test_a_divergence_carries_both_states() -> None:
     assert d.spec_state == lock.state
     assert d.engine_state is not None and d.engine_state.blocks == {"r0": 1}
     assert spec.blocks_owned(lock.state, "r0") == (0, 0)
+
+
+def test_conform_shows_both_states_on_request(
+    invoke: Invoke, write_workload: WriteWorkload, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--show-states``: the verdict line, then the spec's and the engine's states."""
+    monkeypatch.setattr(impl.policies.Policy, "select_victim", lambda self, running, start: start)
+    lines = [
+        {"id": f"r{i}", "prompt": [i + 1, 2, 3], "max_tokens": 6, "ignore_eos": True}
+        for i in range(3)
+    ]
+    result = invoke(
+        "conform", str(write_workload(lines)), "--device", "cpu", "--num-gpu-blocks", "6",
+        "--block-size", "2", "--show-states",
+    )  # fmt: skip
+    out = result.out.splitlines()
+    assert result.code == 1 and out[0].startswith("conform: DIVERGED at step ")
+    assert out[1].startswith("  spec state:    SchedulerState(")
+    assert out[2].startswith("  engine state:  SchedulerState(")
+    assert out[3].startswith("  engine blocks: {")
