@@ -32,4 +32,5 @@ def peer_name(request: pytest.FixtureRequest) -> str:
     require_peer(name)
     return name
 
+
 __all__ = ["invoke", "peer_name", "require_peer", "write_workload"]
