@@ -89,7 +89,11 @@ def _prepare_environment() -> Path:
     config_file = model_dir / "config.json"
     text = json.dumps(_MODEL_CONFIG, indent=1)
     if not config_file.exists() or config_file.read_text() != text:
-        config_file.write_text(text)
+        # Atomically: parallel test workers share the folder.
+        fd, tmp = tempfile.mkstemp(dir=model_dir, suffix=".json")
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, config_file)
     os.environ["HF_HUB_OFFLINE"] = "1"
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     os.environ.setdefault("VLLM_CACHE_ROOT", str(root / "vllm-cache"))
