@@ -28,8 +28,10 @@ import re
 import time
 from pathlib import Path
 
+from kvsched.errors import DrainError
 from kvsched.peers import PeerUnsupportedError, common_eos, make_peer
-from kvsched.peers.lockstep import run_workload
+from kvsched.peers.lockstep import Diverged, Divergence, Lockstep, LockstepReport, run_workload
+from kvsched.peers.protocol import SchedulerUnderTest
 from kvsched.workload import WorkloadRequest
 from spec.oracle import HashOracle
 from spec.types import SamplingParams, SchedulerConfig
@@ -80,6 +82,45 @@ def draw(
     return config, workload
 
 
+def run_with_aborts(
+    peer: SchedulerUnderTest,
+    config: SchedulerConfig,
+    workload: list[WorkloadRequest],
+    rng: random.Random,
+    p_abort: float,
+) -> LockstepReport:
+    """Like ``run_workload``, plus: before each step, with probability ``p_abort``, abort
+    a random live request (waiting, running or preempted), and re-add its id later."""
+    lock = Lockstep(peer, config, HashOracle(vocab_size=ORACLE_VOCAB))
+    pending = sorted(workload, key=lambda r: r.arrival_step)
+    divergence: Divergence | None = None
+    try:
+        while pending or lock.unfinished():
+            while pending and pending[0].arrival_step <= lock.steps:
+                r = pending.pop(0)
+                lock.add(r.request_id, r.prompt, r.params)
+            live = [r for q in (lock.state.waiting, lock.state.running) for r in q]
+            if live and rng.random() < p_abort:
+                victim = rng.choice(live)
+                lock.abort(victim.request_id)
+                pending.append(
+                    WorkloadRequest(
+                        request_id=victim.request_id,
+                        prompt=(250, *victim.request.prompt_token_ids[1:]),
+                        params=victim.request.params,
+                        arrival_step=lock.steps + 2,
+                    )
+                )
+                lock.compare_states()
+            if lock.steps > 500:
+                raise DrainError("no drain within 500 steps")
+            lock.step()
+        lock.finish()
+    except Diverged as e:
+        divergence = e.divergence
+    return LockstepReport(lock.steps, len(workload), lock.rejected, lock.preemptions, divergence)
+
+
 def command(peer: str, path: Path, c: SchedulerConfig) -> str:
     return (
         f"kvsched conform --engine {peer} {path} --num-gpu-blocks {c.num_gpu_blocks} "
@@ -99,6 +140,9 @@ def main() -> int:
     parser.add_argument("--no-chunking", action="store_true")
     parser.add_argument("--policy", default="lifo")
     parser.add_argument("--save", type=Path)
+    parser.add_argument(
+        "--aborts", type=float, default=0.0, help="abort probability per step (re-adds the id)"
+    )
     args = parser.parse_args()
     kinds: collections.Counter[str] = collections.Counter()
     examples: dict[str, str] = {}
@@ -114,7 +158,10 @@ def main() -> int:
         except PeerUnsupportedError as e:
             kinds[f"unsupported: {e}"] += 1
             continue
-        report = run_workload(peer, config, workload, HashOracle(vocab_size=ORACLE_VOCAB))
+        if args.aborts:
+            report = run_with_aborts(peer, config, workload, rng, args.aborts)
+        else:
+            report = run_workload(peer, config, workload, HashOracle(vocab_size=ORACLE_VOCAB))
         steps += report.steps
         if report.divergence is None:
             agree += 1
