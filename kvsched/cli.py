@@ -27,6 +27,9 @@ from typing import NoReturn
 from kvsched import argtypes, conform, demo, engine_options, report
 from kvsched.engine_protocol import Engine
 from kvsched.errors import CLIInputError
+from kvsched.peers import PEERS, SchedulerUnderTest, common_eos, make_peer
+from kvsched.peers.lockstep import describe_states
+from kvsched.peers.ours import EngineAdapter
 from kvsched.plot import PLOT_FORMATS, plot_timeline
 from kvsched.progress import PROG, CommandProgress, notice, wanted, warn
 from kvsched.runner import run_reference, run_workload
@@ -161,6 +164,26 @@ def _add_conform_parser(sub: argparse._SubParsersAction[OneLineParser]) -> None:
         "workload; exit 0 if every plan and state agree, 1 at the first divergence.",
     )
     p.add_argument("workload", metavar="WORKLOAD.jsonl", help=WORKLOAD_HELP)
+    p.add_argument(
+        "--engine",
+        choices=("kvsched", *PEERS),
+        default="kvsched",
+        help="the scheduler held to the spec: our engine (default), or vLLM V1's or "
+        "nano-vllm's real scheduler (install them with scripts/install_peers)",
+    )
+    p.add_argument(
+        "--oracle-vocab",
+        type=argtypes.positive_int,
+        default=256,
+        metavar="N",
+        help="a peer samples with a pure toy oracle over N tokens (default 256); "
+        "a small N makes EOS frequent",
+    )
+    p.add_argument(
+        "--show-states",
+        action="store_true",
+        help="at a divergence, also print both states (the spec's and the engine's)",
+    )
     engine_options.add_engine_options(p)
     p.set_defaults(handler=cmd_conform)
 
@@ -321,11 +344,22 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_conform(args: argparse.Namespace) -> int:
-    workload, config, model = _read_inputs(args)
-    engine = engine_options.make_engine(config, args, model)
+    peer: SchedulerUnderTest
+    if args.engine == "kvsched":
+        workload, config, model = _read_inputs(args)
+        peer = EngineAdapter(engine_options.make_engine(config, args, model))
+    else:
+        workload = read_workload(args.workload)
+        config = engine_options.scheduler_config(args)
+        eos = common_eos(r.params for r in workload) if args.engine == "nano-vllm" else None
+        peer = make_peer(args.engine, config, eos_token_id=eos)
     with CommandProgress("kvsched conform", len(workload), enabled=wanted(quiet=args.quiet)) as bar:
-        result = conform.conform(engine, config, workload, on_step=bar.update)
-    print(conform.render(result, config))
+        result = conform.conform(
+            peer, config, workload, oracle_vocab=args.oracle_vocab, on_step=bar.update
+        )
+    print(conform.render(result, config, args.engine))
+    if args.show_states and result.divergence is not None:
+        print(describe_states(result.divergence))
     return 0 if result.ok else 1
 
 

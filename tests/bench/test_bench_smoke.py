@@ -31,7 +31,7 @@ def _keep_torch_threads() -> Iterator[None]:
 
 
 QUICK: list[tuple[Main, str]] = [
-    (scheduler_overhead.main, "nano-vllm-style"),
+    (scheduler_overhead.main, "nano-vllm us"),
     (seed_workload.main, "seed tutorial"),
     (kv_utilization.main, "block util"),
     (preemption_cost.main, "recompute"),

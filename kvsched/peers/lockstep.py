@@ -1,0 +1,328 @@
+"""Lockstep: the spec and a scheduler under test, the same workload, compared every step.
+
+This is the one lockstep comparison of the project: ``kvsched conform`` (our engine or
+a peer) and the peer tests drive it. Per step:
+
+1. the scheduler under test steps (deciding, and sampling with the driver's oracle or
+   its own model);
+2. the spec's ``schedule`` decides on its own; its decisions (chunks, victims,
+   swap-ins) are compared with the scheduler's;
+3. the scheduler's sampled tokens feed the spec's ``complete_step``, so both apply the
+   same outputs, and the whole plans are compared;
+4. the states are compared (queues in order, computed tokens, outputs, free blocks),
+   and every live request's block count with the spec's R2 count.
+
+``add_request`` is compared too: both accept, or both refuse with the same typed
+error; a token outside the vocabulary is the engine's check alone (R4.3), so a
+request refused for it is not given to the spec. An abort is given to both.
+
+The first difference stops the run: a ``Divergence`` with the step, the field's path
+(``plan.preempted[0].request_id``), both values and both states. Fields the scheduler
+declares hidden are masked on both sides. ``semantics`` names the spec profile to run
+(today only ``kvsched``: the peers' profiles are docs/peers.md's candidate rules).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import TypeVar
+
+import spec
+from kvsched.diff import first_difference, short_repr
+from kvsched.drive import StepCallback, step_bound
+from kvsched.errors import DrainError
+from kvsched.peers.protocol import (
+    Hidden,
+    Observation,
+    PeerFailure,
+    SchedulerUnderTest,
+    decisions,
+    sampled_tokens,
+)
+from kvsched.workload import WorkloadRequest
+from spec.scheduler import TokenOracle
+from spec.types import (
+    ConfigError,
+    FinishedRequest,
+    InvalidRequestError,
+    RequestState,
+    SampledTokensError,
+    SamplingParams,
+    SchedulerConfig,
+    SchedulerState,
+    StepPlan,
+    TokenOutOfVocabError,
+)
+
+SPEC_PROFILES = ("kvsched",)
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Divergence:
+    step: int
+    field: str
+    spec_value: object
+    engine_value: object
+    spec_state: SchedulerState | None = None
+    engine_state: Observation | None = None
+
+    def __str__(self) -> str:
+        return (
+            f"step {self.step}: {self.field}: spec {short_repr(self.spec_value)}, "
+            f"engine {short_repr(self.engine_value)}"
+        )
+
+
+class Diverged(Exception):
+    def __init__(self, divergence: Divergence) -> None:
+        super().__init__(str(divergence))
+        self.divergence = divergence
+
+
+def _mask_request(r: RequestState, hidden: frozenset[Hidden]) -> RequestState:
+    return replace(r, num_preemptions=0) if Hidden.NUM_PREEMPTIONS in hidden else r
+
+
+def _mask_finished(f: FinishedRequest, hidden: frozenset[Hidden]) -> FinishedRequest:
+    return replace(f, num_preemptions=0) if Hidden.NUM_PREEMPTIONS in hidden else f
+
+
+def mask_state(state: SchedulerState, hidden: frozenset[Hidden]) -> SchedulerState:
+    if not hidden:
+        return state
+    return replace(
+        state,
+        waiting=tuple(_mask_request(r, hidden) for r in state.waiting),
+        running=tuple(_mask_request(r, hidden) for r in state.running),
+        swapped=tuple(_mask_request(r, hidden) for r in state.swapped),
+    )
+
+
+def mask_plan(plan: StepPlan, hidden: frozenset[Hidden]) -> StepPlan:
+    if not hidden:
+        return plan
+    return replace(plan, finished=tuple(_mask_finished(f, hidden) for f in plan.finished))
+
+
+def _refusal(e: InvalidRequestError | None) -> str:
+    return "accepted" if e is None else f"{type(e).__name__}: {e}"
+
+
+class Lockstep:
+    """The spec and ``peer`` side by side; every operation compares and may raise ``Diverged``."""
+
+    def __init__(
+        self,
+        peer: SchedulerUnderTest,
+        config: SchedulerConfig,
+        next_token: TokenOracle,
+        *,
+        semantics: str = "kvsched",
+    ) -> None:
+        if semantics not in SPEC_PROFILES:
+            raise ConfigError(
+                f"semantics profile {semantics!r} is not in the spec yet "
+                f"(known: {', '.join(SPEC_PROFILES)})"
+            )
+        self.peer = peer
+        self.next_token = next_token
+        self.state: SchedulerState = spec.init_state(config)
+        self.steps = 0
+        self.rejected = 0
+        self.preemptions = 0
+        self.spec_finished: list[FinishedRequest] = []
+        self.engine_finished: list[FinishedRequest] = []
+        self.hidden: frozenset[Hidden] = frozenset()
+        self.compare_states()
+
+    # --- comparison ---------------------------------------------------------------------
+
+    def _diverge(self, field: str, spec_value: object, engine_value: object) -> Diverged:
+        observed: Observation | None
+        try:
+            observed = self.peer.observe()
+        except PeerFailure:
+            observed = None
+        return Diverged(
+            Divergence(self.steps, field, spec_value, engine_value, self.state, observed)
+        )
+
+    def _compare(self, spec_value: object, engine_value: object, path: str) -> None:
+        d = first_difference(spec_value, engine_value, path)
+        if d is not None:
+            raise self._diverge(d.path, d.left, d.right)
+
+    def compare_states(self) -> None:
+        observed = self.peer.observe()
+        self.hidden = observed.hidden
+        self._compare(
+            mask_state(self.state, self.hidden), mask_state(observed.state, self.hidden), "state"
+        )
+        spec_blocks = {
+            rid: spec.blocks_owned(self.state, rid)[0] for rid in spec.live_request_ids(self.state)
+        }
+        self._compare(spec_blocks, dict(observed.blocks), "blocks")
+
+    def _guard(self, what: str, call: Callable[[], T]) -> T:
+        try:
+            return call()
+        except PeerFailure as e:
+            raise self._diverge(what, "(returns)", f"raised {e}") from None
+
+    # --- operations -------------------------------------------------------------------
+
+    def add(self, request_id: str, prompt: Sequence[int], params: SamplingParams) -> None:
+        engine_error: InvalidRequestError | None = None
+        try:
+            self._guard(
+                f"add_request({request_id!r})",
+                lambda: self.peer.add_request(request_id, list(prompt), params),
+            )
+        except InvalidRequestError as e:
+            engine_error = e
+        if isinstance(engine_error, TokenOutOfVocabError):
+            self.rejected += 1
+            return
+        spec_error: InvalidRequestError | None = None
+        try:
+            self.state = spec.add_request(self.state, request_id, tuple(prompt), params)
+        except InvalidRequestError as e:
+            spec_error = e
+        if type(spec_error) is not type(engine_error):
+            raise self._diverge(
+                f"add_request({request_id!r})", _refusal(spec_error), _refusal(engine_error)
+            )
+        if engine_error is not None:
+            self.rejected += 1
+
+    def abort(self, request_id: str) -> None:
+        """Abort a live request (by the spec's account) on both sides."""
+        self.state, _ = spec.abort_request(self.state, request_id)
+        self._guard(f"abort_request({request_id!r})", lambda: self.peer.abort_request(request_id))
+
+    def unfinished(self) -> bool:
+        return self.peer.has_unfinished_requests() or spec.has_unfinished_requests(self.state)
+
+    def step(self) -> StepPlan:
+        engine_plan = self._guard("step()", lambda: self.peer.step(self.next_token))
+        # The decisions first, before any token is involved.
+        state_mid, decided = spec.schedule(self.state)
+        self._compare(decided, decisions(engine_plan), "plan")
+        try:
+            new_state, spec_plan = spec.complete_step(
+                state_mid, decided, sampled_tokens(engine_plan)
+            )
+        except SampledTokensError as e:
+            raise self._diverge("plan.sampled", f"refused: {e}", engine_plan.sampled) from None
+        self.state = new_state
+        self._compare(
+            mask_plan(spec_plan, self.hidden), mask_plan(engine_plan, self.hidden), "plan"
+        )
+        self.compare_states()
+        self.steps += 1
+        self.preemptions += len(spec_plan.preempted)
+        self.spec_finished.extend(spec_plan.finished)
+        self.engine_finished.extend(engine_plan.finished)
+        return spec_plan
+
+    def finish(self) -> None:
+        """Compare every finished request's outputs, in finishing order."""
+        self._compare(
+            [_mask_finished(f, self.hidden) for f in self.spec_finished],
+            [_mask_finished(f, self.hidden) for f in self.engine_finished],
+            "finished",
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class LockstepReport:
+    steps: int
+    num_requests: int
+    num_rejected: int
+    preemptions: int
+    divergence: Divergence | None
+
+    @property
+    def ok(self) -> bool:
+        return self.divergence is None
+
+
+def run_workload(
+    peer: SchedulerUnderTest,
+    config: SchedulerConfig,
+    workload: Sequence[WorkloadRequest],
+    next_token: TokenOracle,
+    *,
+    semantics: str = "kvsched",
+    max_steps: int | None = None,
+    on_step: StepCallback | None = None,
+) -> LockstepReport:
+    """Add each request at its ``arrival_step``; step until both drain; stop at a divergence.
+
+    Raises ``DrainError`` if they agree but do not drain within the bound.
+    """
+    order = sorted(range(len(workload)), key=lambda i: workload[i].arrival_step)
+    bound = step_bound(workload) if max_steps is None else max_steps
+    divergence: Divergence | None = None
+    lock: Lockstep | None = None
+    try:
+        lock = Lockstep(peer, config, next_token, semantics=semantics)
+        nxt = 0
+        while True:
+            added = False
+            while nxt < len(order) and workload[order[nxt]].arrival_step <= lock.steps:
+                r = workload[order[nxt]]
+                lock.add(r.request_id, r.prompt, r.params)
+                nxt += 1
+                added = True
+            if added:
+                lock.compare_states()
+            if nxt >= len(order) and not lock.unfinished():
+                break
+            if lock.steps >= bound:
+                raise DrainError(f"the workload did not drain within {bound} steps")
+            lock.step()
+            if on_step is not None:
+                on_step(lock.steps, len(lock.engine_finished) + lock.rejected)
+        lock.finish()
+    except Diverged as e:
+        divergence = e.divergence
+    return LockstepReport(
+        steps=0 if lock is None else lock.steps,
+        num_requests=len(workload),
+        num_rejected=0 if lock is None else lock.rejected,
+        preemptions=0 if lock is None else lock.preemptions,
+        divergence=divergence,
+    )
+
+
+def describe_states(divergence: Divergence) -> str:
+    """Both states at a divergence, one per line (what the one-line verdict leaves out)."""
+    lines = []
+    if divergence.spec_state is not None:
+        lines.append(f"  spec state:    {divergence.spec_state}")
+    if divergence.engine_state is not None:
+        lines.append(f"  engine state:  {divergence.engine_state.state}")
+        lines.append(f"  engine blocks: {dict(divergence.engine_state.blocks)}")
+    return "\n".join(lines)
+
+
+def describe(divergence: Divergence) -> str:
+    """The divergence with both states, for a report or a test failure."""
+    return f"{divergence}\n{describe_states(divergence)}"
+
+
+__all__ = [
+    "SPEC_PROFILES",
+    "Diverged",
+    "Divergence",
+    "Lockstep",
+    "LockstepReport",
+    "describe",
+    "describe_states",
+    "mask_plan",
+    "mask_state",
+    "run_workload",
+]

@@ -1,0 +1,188 @@
+"""Random lockstep runs of a peer against the spec, first divergences tallied by field.
+
+The numbers in docs/peers.md ("how it was checked") come from this script::
+
+    python scripts/explore_peers.py vllm --runs 300
+    python scripts/explore_peers.py vllm --runs 300 --seed 1000 --fit
+    python scripts/explore_peers.py vllm --runs 300 --seed 2000 --fit --policy priority
+    python scripts/explore_peers.py nano-vllm --runs 300
+    python scripts/explore_peers.py nano-vllm --runs 400 --seed 3000 --fit --no-chunking
+
+Each run draws a small workload and config (block sizes 1-16, or 2-16 for nano-vllm;
+tight to roomy pools; budgets from ``max_num_seqs`` to 48; ``max_num_seqs`` 1-6; EOS or
+``ignore_eos``; arrivals over steps 0-6). For nano-vllm every prompt starts with its own
+token, so its prefix cache cannot hit (docs/peers.md, N7). ``--fit``: every request fits
+alone (the spec's R4 accepts it) and chunked prefill is on unless ``--no-chunking``.
+With ``--save DIR`` the first workload of each divergence kind is written there, and its
+``kvsched conform`` command printed. This is exploration, not a test: the pinned
+reproductions are tests/peers/test_peers.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import random
+import re
+import time
+from pathlib import Path
+
+from kvsched.errors import DrainError
+from kvsched.peers import PeerUnsupportedError, common_eos, make_peer
+from kvsched.peers.lockstep import Diverged, Divergence, Lockstep, LockstepReport, run_workload
+from kvsched.peers.protocol import SchedulerUnderTest
+from kvsched.workload import WorkloadRequest
+from spec.oracle import HashOracle
+from spec.types import SamplingParams, SchedulerConfig
+
+ORACLE_VOCAB = 8
+
+
+def draw(
+    rng: random.Random, peer: str, *, fit: bool, chunking: bool, policy: str
+) -> tuple[SchedulerConfig, list[WorkloadRequest]]:
+    block_size = rng.choice([2, 3, 4, 8, 16] if peer == "nano-vllm" else [1, 2, 3, 4, 8, 16])
+    max_prompt, max_tokens = rng.randint(1, 24), rng.randint(1, 16)
+    max_num_seqs = rng.randint(1, 6)
+    budget = rng.randint(max_num_seqs, 48)
+    eos = rng.choice([None, 3])
+    workload = []
+    for i in range(rng.randint(1, 8)):
+        prompt = [rng.randrange(1, 200) for _ in range(rng.randint(1, max_prompt))]
+        if peer == "nano-vllm":
+            prompt[0] = 200 + i  # distinct first tokens: no prefix-cache hit
+        params = SamplingParams(
+            max_tokens=rng.randint(1, max_tokens),
+            eos_token_id=eos,
+            ignore_eos=rng.random() < 0.3,
+            priority=rng.randint(0, 2) if policy == "priority" else 0,
+        )
+        workload.append(
+            WorkloadRequest(
+                request_id=f"r{i}",
+                prompt=tuple(prompt),
+                params=params,
+                arrival_step=rng.randint(0, 6),
+            )
+        )
+    need = max(-(-(len(r.prompt) + r.params.max_tokens) // block_size) for r in workload)
+    blocks = max(1, need + rng.randint(-1, 3)) if rng.random() < 0.7 else need * 3
+    chunked = rng.random() < 0.8
+    if fit:
+        blocks, chunked = max(blocks, need), True
+    config = SchedulerConfig(
+        num_gpu_blocks=blocks,
+        block_size=block_size,
+        max_num_batched_tokens=budget,
+        max_num_seqs=max_num_seqs,
+        enable_chunked_prefill=chunked and chunking,
+        policy=policy,
+    )
+    return config, workload
+
+
+def run_with_aborts(
+    peer: SchedulerUnderTest,
+    config: SchedulerConfig,
+    workload: list[WorkloadRequest],
+    rng: random.Random,
+    p_abort: float,
+) -> LockstepReport:
+    """Like ``run_workload``, plus: before each step, with probability ``p_abort``, abort
+    a random live request (waiting, running or preempted), and re-add its id later."""
+    lock = Lockstep(peer, config, HashOracle(vocab_size=ORACLE_VOCAB))
+    pending = sorted(workload, key=lambda r: r.arrival_step)
+    divergence: Divergence | None = None
+    try:
+        while pending or lock.unfinished():
+            while pending and pending[0].arrival_step <= lock.steps:
+                r = pending.pop(0)
+                lock.add(r.request_id, r.prompt, r.params)
+            live = [r for q in (lock.state.waiting, lock.state.running) for r in q]
+            if live and rng.random() < p_abort:
+                victim = rng.choice(live)
+                lock.abort(victim.request_id)
+                pending.append(
+                    WorkloadRequest(
+                        request_id=victim.request_id,
+                        prompt=(250, *victim.request.prompt_token_ids[1:]),
+                        params=victim.request.params,
+                        arrival_step=lock.steps + 2,
+                    )
+                )
+                lock.compare_states()
+            if lock.steps > 500:
+                raise DrainError("no drain within 500 steps")
+            lock.step()
+        lock.finish()
+    except Diverged as e:
+        divergence = e.divergence
+    return LockstepReport(lock.steps, len(workload), lock.rejected, lock.preemptions, divergence)
+
+
+def command(peer: str, path: Path, c: SchedulerConfig) -> str:
+    return (
+        f"kvsched conform --engine {peer} {path} --num-gpu-blocks {c.num_gpu_blocks} "
+        f"--block-size {c.block_size} --max-num-batched-tokens {c.max_num_batched_tokens} "
+        f"--max-num-seqs {c.max_num_seqs} --policy {c.policy}"
+        + ("" if c.enable_chunked_prefill else " --no-enable-chunked-prefill")
+        + f" --oracle-vocab {ORACLE_VOCAB}"
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("peer", choices=["vllm", "nano-vllm"])
+    parser.add_argument("--runs", type=int, default=100)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--fit", action="store_true")
+    parser.add_argument("--no-chunking", action="store_true")
+    parser.add_argument("--policy", default="lifo")
+    parser.add_argument("--save", type=Path)
+    parser.add_argument(
+        "--aborts", type=float, default=0.0, help="abort probability per step (re-adds the id)"
+    )
+    args = parser.parse_args()
+    kinds: collections.Counter[str] = collections.Counter()
+    examples: dict[str, str] = {}
+    agree = steps = 0
+    started = time.perf_counter()
+    for k in range(args.runs):
+        rng = random.Random(args.seed + k)
+        config, workload = draw(
+            rng, args.peer, fit=args.fit, chunking=not args.no_chunking, policy=args.policy
+        )
+        try:
+            peer = make_peer(args.peer, config, eos_token_id=common_eos(r.params for r in workload))
+        except PeerUnsupportedError as e:
+            kinds[f"unsupported: {e}"] += 1
+            continue
+        if args.aborts:
+            report = run_with_aborts(peer, config, workload, rng, args.aborts)
+        else:
+            report = run_workload(peer, config, workload, HashOracle(vocab_size=ORACLE_VOCAB))
+        steps += report.steps
+        if report.divergence is None:
+            agree += 1
+            continue
+        kind = re.sub(r"\[\d+\]", "[i]", re.sub(r"\('r\d+'\)", "(...)", report.divergence.field))
+        kinds[kind] += 1
+        if kind not in examples:
+            example = f"seed {args.seed + k}: {report.divergence}"
+            if args.save is not None:
+                args.save.mkdir(parents=True, exist_ok=True)
+                path = args.save / f"{args.peer}-{args.seed + k}.jsonl"
+                path.write_text("".join(json.dumps(r.to_json()) + "\n" for r in workload))
+                example += "\n    " + command(args.peer, path, config)
+            examples[kind] = example
+    seconds = time.perf_counter() - started
+    print(f"{args.peer}: {args.runs} runs, {agree} agree, {steps} steps, {seconds:.0f} s")
+    for kind, count in kinds.most_common():
+        print(f"{count:5d}  {kind}")
+        print(f"       e.g. {examples.get(kind, '')}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,215 @@
+"""The lockstep driver and the protocol, with our scheduler (no peer needed)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import replace
+
+import pytest
+
+import impl.policies
+import spec
+from kvsched.peers.lockstep import Diverged, Lockstep, run_workload
+from kvsched.peers.ours import SchedulerAdapter
+from kvsched.peers.protocol import Hidden, Observation, decisions, make_plan
+from kvsched.workload import WorkloadRequest
+from spec.oracle import HashOracle
+from spec.scheduler import TokenOracle
+from spec.types import (
+    ConfigError,
+    Preemption,
+    PreemptionMode,
+    SamplingParams,
+    SchedulerConfig,
+    StepPlan,
+)
+from tests.cli.helpers import Invoke, WriteWorkload
+
+ORACLE = HashOracle(vocab_size=8)
+
+
+def _preempting() -> list[WorkloadRequest]:
+    """Three requests of 3 + 6 tokens in 6 blocks of 2: someone must be preempted."""
+    params = SamplingParams(max_tokens=6, ignore_eos=True)
+    return [
+        WorkloadRequest(request_id=f"p{i}", prompt=(i + 1, 5, 6), params=params) for i in range(3)
+    ]
+
+
+def _workload(n: int = 6) -> list[WorkloadRequest]:
+    return [
+        WorkloadRequest(
+            request_id=f"r{i}",
+            prompt=tuple(range(1 + i, 4 + 2 * i)),
+            params=SamplingParams(max_tokens=3 + i % 4, eos_token_id=3, ignore_eos=i % 2 == 0),
+            arrival_step=i // 2,
+        )
+        for i in range(n)
+    ]
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        SchedulerConfig(num_gpu_blocks=6, block_size=2, max_num_batched_tokens=6, max_num_seqs=2),
+        SchedulerConfig(num_gpu_blocks=20, block_size=1, max_num_batched_tokens=4),
+        SchedulerConfig(
+            num_gpu_blocks=4,
+            block_size=4,
+            max_num_batched_tokens=16,
+            enable_chunked_prefill=False,
+        ),
+        SchedulerConfig(
+            num_gpu_blocks=5,
+            block_size=2,
+            preemption_mode=PreemptionMode.SWAP,
+            num_cpu_blocks=3,
+            policy="priority",
+        ),
+    ],
+    ids=["chunked-tight", "block1", "no-chunking", "swap-priority"],
+)
+def test_our_scheduler_agrees_with_the_spec(config: SchedulerConfig) -> None:
+    report = run_workload(SchedulerAdapter(config), config, _workload(), ORACLE)
+    assert report.divergence is None, report.divergence
+    assert report.steps > 0
+
+
+def test_aborts_in_every_state_and_id_reuse() -> None:
+    config = SchedulerConfig(
+        num_gpu_blocks=4,
+        block_size=2,
+        max_num_batched_tokens=4,
+        preemption_mode=PreemptionMode.SWAP,
+        num_cpu_blocks=2,
+    )
+    lock = Lockstep(SchedulerAdapter(config), config, ORACLE)
+    params = SamplingParams(max_tokens=6, ignore_eos=True)
+    for i in range(4):
+        lock.add(f"r{i}", (1 + i, 2, 3), params)
+    seen: set[str] = set()
+    for _ in range(40):
+        if not lock.unfinished():
+            break
+        state = lock.state
+        for queue in ("waiting", "running", "swapped"):
+            requests = getattr(state, queue)
+            if requests and queue not in seen:
+                seen.add(queue)
+                victim = requests[-1].request_id
+                lock.abort(victim)
+                lock.add(victim, (7, 7), params)  # the id is free again
+                lock.compare_states()
+                break
+        else:
+            lock.step()
+    lock.finish()
+    assert seen == {"waiting", "running", "swapped"}
+
+
+class _WrongVictim(SchedulerAdapter):
+    """Reports the first victim under another name: lockstep must name that field."""
+
+    def step(self, next_token: TokenOracle) -> StepPlan:
+        plan = super().step(next_token)
+        if not plan.preempted:
+            return plan
+        first = replace(plan.preempted[0], request_id="nobody")
+        return replace(plan, preempted=(first, *plan.preempted[1:]))
+
+
+def test_a_wrong_plan_is_the_first_divergence() -> None:
+    config = SchedulerConfig(num_gpu_blocks=6, block_size=2, max_num_batched_tokens=8)
+    report = run_workload(_WrongVictim(config), config, _preempting(), ORACLE)
+    d = report.divergence
+    assert d is not None
+    assert d.field == "plan.preempted[0].request_id"
+    assert d.engine_value == "nobody"
+    assert d.spec_state is not None and d.engine_state is not None
+
+
+class _HidesPreemptions(SchedulerAdapter):
+    def observe(self) -> Observation:
+        o = super().observe()
+        state = replace(
+            o.state, running=tuple(replace(r, num_preemptions=0) for r in o.state.running)
+        )
+        return replace(o, state=state, hidden=frozenset({Hidden.NUM_PREEMPTIONS}))
+
+
+def test_hidden_fields_are_masked_on_both_sides() -> None:
+    config = SchedulerConfig(num_gpu_blocks=6, block_size=2, max_num_batched_tokens=8)
+    report = run_workload(_HidesPreemptions(config), config, _preempting(), ORACLE)
+    assert report.ok and report.preemptions > 0 and report.num_rejected == 0
+
+
+class _LiesAboutBlocks(SchedulerAdapter):
+    def observe(self) -> Observation:
+        o = super().observe()
+        return replace(o, blocks={rid: n + 1 for rid, n in o.blocks.items()})
+
+
+def test_block_counts_are_compared() -> None:
+    config = SchedulerConfig(num_gpu_blocks=8, block_size=2)
+    report = run_workload(_LiesAboutBlocks(config), config, _workload(2), ORACLE)
+    assert report.divergence is not None
+    assert report.divergence.field.startswith("blocks[")
+
+
+def test_an_unknown_semantics_profile_is_refused() -> None:
+    config = SchedulerConfig(num_gpu_blocks=8)
+    with pytest.raises(ConfigError, match="vllm-v1"):
+        Lockstep(SchedulerAdapter(config), config, ORACLE, semantics="vllm-v1")
+
+
+def test_plans_are_built_and_read_in_one_place() -> None:
+    plan = make_plan(
+        3,
+        scheduled=[("a", 0, 4)],
+        preempted=[Preemption(request_id="b", mode=PreemptionMode.RECOMPUTE)],
+        sampled=[("a", 7)],
+    )
+    assert plan.scheduled[0].num_tokens == 4 and plan.sampled[0].token_id == 7
+    assert decisions(plan) == replace(plan, sampled=())
+
+
+def test_spec_and_kvsched_do_not_import_peers() -> None:
+    code = (
+        "import sys, spec, kvsched, kvsched.cli, kvsched.peers, kvsched.peers.lockstep; "
+        "bad = [m for m in sys.modules if m.split('.')[0] in ('vllm', 'nanovllm')]; "
+        "assert not bad, bad"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_a_divergence_carries_both_states() -> None:
+    config = SchedulerConfig(num_gpu_blocks=8, block_size=2)
+    lock = Lockstep(_LiesAboutBlocks(config), config, ORACLE)
+    lock.add("r0", (1, 2, 3), SamplingParams(max_tokens=2))
+    with pytest.raises(Diverged) as e:
+        lock.compare_states()
+    d = e.value.divergence
+    assert d.spec_state == lock.state
+    assert d.engine_state is not None and d.engine_state.blocks == {"r0": 1}
+    assert spec.blocks_owned(lock.state, "r0") == (0, 0)
+
+
+def test_conform_shows_both_states_on_request(
+    invoke: Invoke, write_workload: WriteWorkload, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--show-states``: the verdict line, then the spec's and the engine's states."""
+    monkeypatch.setattr(impl.policies.Policy, "select_victim", lambda self, running, start: start)
+    lines = [
+        {"id": f"r{i}", "prompt": [i + 1, 2, 3], "max_tokens": 6, "ignore_eos": True}
+        for i in range(3)
+    ]
+    result = invoke(
+        "conform", str(write_workload(lines)), "--device", "cpu", "--num-gpu-blocks", "6",
+        "--block-size", "2", "--show-states",
+    )  # fmt: skip
+    out = result.out.splitlines()
+    assert result.code == 1 and out[0].startswith("conform: DIVERGED at step ")
+    assert out[1].startswith("  spec state:    SchedulerState(")
+    assert out[2].startswith("  engine state:  SchedulerState(")
+    assert out[3].startswith("  engine blocks: {")
