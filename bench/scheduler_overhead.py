@@ -11,8 +11,8 @@ the garbage collector on, with the set-up's objects frozen out of its scans):
   samples a constant token: scheduling, block manager, commit, the ``StepPlan`` and
   the metrics; everything an engine step costs except the forward pass;
 * ``Scheduler.step``: the torch-free scheduler's step (schedule, commit, StepPlan);
-* ``schedule+commit``: the decisions and the block manager alone (``commit`` with
-  ``record_plan=False``: no plan objects are built);
+* ``schedule+commit``: the decisions and the block manager alone (``schedule`` and
+  ``commit``, without ``make_plan``: no ``StepPlan`` is built);
 * ``nano-vllm-style``: a minimal reference written here (not nano-vllm's code) in the
   way nano-vllm's scheduler does a decode step: a deque of running sequences, one
   ``can_append``/``may_append`` per sequence, then a postprocess that appends the token
@@ -147,7 +147,7 @@ def step_path(scheduler: Scheduler) -> Callable[[], None]:
 def lean_path(scheduler: Scheduler) -> Callable[[], None]:
     def run() -> None:
         out = scheduler.schedule()
-        scheduler.commit(out, [TOKEN] * out.num_samples, record_plan=False)
+        scheduler.commit(out, [TOKEN] * out.num_samples)
 
     return run
 

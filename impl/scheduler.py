@@ -41,10 +41,8 @@ from spec.types import (
     PreemptionMode,
     Request,
     RequestTooLargeError,
-    SampledToken,
     SampledTokensError,
     SamplingParams,
-    ScheduledChunk,
     SchedulerConfig,
     SchedulerState,
     StepPlan,
@@ -60,45 +58,6 @@ _FINISHED = SequenceStatus.FINISHED
 
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
-
-
-# Building the plan's frozen dataclasses is most of a decode step's cost: their
-# generated __init__ goes through object.__setattr__ per field. The plan types are
-# slotted and validate nothing, so commit() fills a bare instance through the slot
-# descriptors instead (2-3x cheaper). It is done only where a self-check at import
-# shows the result equals the constructor's; otherwise the constructors are used.
-def _slot_setter(cls: type, name: str) -> Callable[[object, object], None]:
-    descriptor = cls.__dict__[name]
-    setter: Callable[[object, object], None] = descriptor.__set__
-    return setter
-
-
-def _fast_plan_ok() -> bool:
-    try:
-        for cls in (ScheduledChunk, SampledToken):
-            if hasattr(cls, "__post_init__") or "__dict__" in dir(cls.__new__(cls)):
-                return False
-        chunk = object.__new__(ScheduledChunk)
-        _slot_setter(ScheduledChunk, "request_id")(chunk, "x")
-        _slot_setter(ScheduledChunk, "start")(chunk, 3)
-        _slot_setter(ScheduledChunk, "num_tokens")(chunk, 2)
-        token = object.__new__(SampledToken)
-        _slot_setter(SampledToken, "request_id")(token, "x")
-        _slot_setter(SampledToken, "token_id")(token, 5)
-    except (AttributeError, KeyError, TypeError):
-        return False
-    return chunk == ScheduledChunk(request_id="x", start=3, num_tokens=2) and token == (
-        SampledToken(request_id="x", token_id=5)
-    )
-
-
-_FAST_PLAN = _fast_plan_ok()
-if _FAST_PLAN:
-    _set_chunk_id = _slot_setter(ScheduledChunk, "request_id")
-    _set_chunk_start = _slot_setter(ScheduledChunk, "start")
-    _set_chunk_len = _slot_setter(ScheduledChunk, "num_tokens")
-    _set_sampled_id = _slot_setter(SampledToken, "request_id")
-    _set_sampled_token = _slot_setter(SampledToken, "token_id")
 
 
 class PreemptionRecord:
@@ -154,10 +113,11 @@ class SchedulerOutput:
         "num_samples",
         "num_scheduled",
         "num_scheduled_running",
-        "plan_chunks",
-        "plan_sampled",
         "preempted",
+        "sampled_ids",
+        "sampled_token_ids",
         "scheduled",
+        "starts",
         "step",
         "swap_in",
         "swap_out",
@@ -178,8 +138,11 @@ class SchedulerOutput:
         self.swap_in: list[tuple[int, int]] = []
         self.num_cached_tokens_before = num_cached_tokens
         self.num_recomputed_tokens = 0  # set by commit
-        self.plan_chunks: list[ScheduledChunk] = []  # filled by commit
-        self.plan_sampled: list[SampledToken] = []
+        # The plan's columns that commit() alone knows, filled by it: each chunk's start
+        # (its request's computed count before the step) and the sampling requests' ids.
+        self.starts: list[int] = []
+        self.sampled_ids: list[str] = []
+        self.sampled_token_ids: tuple[int, ...] = ()
 
     def samples(self) -> list[Sequence]:
         """The requests that sample in this step, in plan order (before ``commit``)."""
@@ -587,42 +550,28 @@ class Scheduler:
     # --- phase D ----------------------------------------------------------------------
 
     def commit(
-        self,
-        out: SchedulerOutput,
-        sampled_token_ids: SequenceABC[int],
-        *,
-        record_plan: bool = True,
+        self, out: SchedulerOutput, sampled_token_ids: SequenceABC[int]
     ) -> list[FinishedRequest]:
         """Phase D (R10): apply the chunks and the sampled tokens; finish requests.
 
         ``sampled_token_ids`` holds one token per sampling chunk, in plan order.
         Returns the finished requests in plan order; ``num_steps`` goes up by one.
-        With ``record_plan`` the plan's chunks and sampled tokens are recorded in
-        ``out`` for ``make_plan`` (the benchmark's lean path turns it off).
+        ``out`` keeps what ``make_plan`` needs.
         """
         if len(sampled_token_ids) != out.num_samples:
             raise SampledTokensError(
                 f"step {out.step}: {out.num_samples} requests sample, "
                 f"got {len(sampled_token_ids)} tokens"
             )
+        out.sampled_token_ids = tuple(sampled_token_ids)
         finished_at: list[int] = []
-        add_chunk = out.plan_chunks.append
-        add_sampled = out.plan_sampled.append
-        fast = _FAST_PLAN
-        new = object.__new__
+        add_start = out.starts.append
+        add_sampled_id = out.sampled_ids.append
         recomputed = 0
         k = 0
         for index, (seq, n) in enumerate(zip(out.scheduled, out.num_scheduled, strict=True)):
             start = seq.num_computed
-            if record_plan:
-                if fast:
-                    chunk = new(ScheduledChunk)
-                    _set_chunk_id(chunk, seq.request_id)
-                    _set_chunk_start(chunk, start)
-                    _set_chunk_len(chunk, n)
-                else:
-                    chunk = ScheduledChunk(request_id=seq.request_id, start=start, num_tokens=n)
-                add_chunk(chunk)
+            add_start(start)
             if start < seq.recomputed_until:
                 end = start + n
                 until = seq.recomputed_until
@@ -632,14 +581,7 @@ class Scheduler:
             if computed == seq.num_tokens:
                 token = sampled_token_ids[k]
                 k += 1
-                if record_plan:
-                    if fast:
-                        sample = new(SampledToken)
-                        _set_sampled_id(sample, seq.request_id)
-                        _set_sampled_token(sample, token)
-                    else:
-                        sample = SampledToken(request_id=seq.request_id, token_id=token)
-                    add_sampled(sample)
+                add_sampled_id(seq.request_id)
                 seq.token_ids.append(token)
                 seq.num_tokens = computed + 1
                 if token == seq.eos_token_id or computed + 1 == seq.stop_len:
@@ -686,15 +628,18 @@ class Scheduler:
 
     @staticmethod
     def make_plan(out: SchedulerOutput, finished: SequenceABC[FinishedRequest]) -> StepPlan:
-        """The step's ``StepPlan``, after ``commit(out, ..., record_plan=True)``."""
+        """The step's ``StepPlan``, after ``commit(out, ...)``."""
         return StepPlan(
             step=out.step,
-            scheduled=tuple(out.plan_chunks),
+            scheduled_ids=tuple([seq.request_id for seq in out.scheduled]),
+            num_computed_tokens=tuple(out.starts),
+            num_scheduled_tokens=tuple(out.num_scheduled),
             preempted=tuple(
-                Preemption(request_id=r.seq.request_id, mode=r.mode) for r in out.preempted
+                [Preemption(request_id=r.seq.request_id, mode=r.mode) for r in out.preempted]
             ),
-            swapped_in=tuple(seq.request_id for seq, _ in out.swapped_in),
-            sampled=tuple(out.plan_sampled),
+            swapped_in=tuple([seq.request_id for seq, _ in out.swapped_in]),
+            sampled_ids=tuple(out.sampled_ids),
+            sampled_token_ids=out.sampled_token_ids,
             finished=tuple(finished),
         )
 

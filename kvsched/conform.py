@@ -123,7 +123,12 @@ class _Lockstep:
         engine_plan = self.engine.step()
         # Phases A-C first: the decisions, before any token is involved.
         state_mid, decided = spec.schedule(self.state)
-        _compare(step, decided, replace(engine_plan, sampled=(), finished=()), "plan")
+        _compare(
+            step,
+            decided,
+            replace(engine_plan, sampled_ids=(), sampled_token_ids=(), finished=()),
+            "plan",
+        )
         tokens = {s.request_id: s.token_id for s in engine_plan.sampled}
         try:
             self.state, spec_plan = spec.complete_step(state_mid, decided, tokens)
