@@ -44,7 +44,8 @@ from bench._common import (
 )
 from impl import LLMEngine
 from impl.model_runner import ModelRunner
-from impl.scheduler import Scheduler, SchedulerOutput
+from impl.scheduler import Scheduler
+from impl.scheduler_output import SchedulerOutput
 from model import LlamaConfig, build_tiny_model
 from spec import add_request as spec_add_request
 from spec import complete_step, init_state, sampling_request_ids, schedule

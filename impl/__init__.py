@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 from impl.block_manager import BlockAllocationError, BlockManager
 from impl.policies import POLICIES, Policy, make_policy
-from impl.scheduler import Scheduler, SchedulerOutput
+from impl.scheduler import Scheduler
+from impl.scheduler_output import SchedulerOutput
 from impl.sequence import Sequence, SequenceStatus
 
 if TYPE_CHECKING:

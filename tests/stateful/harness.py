@@ -55,7 +55,8 @@ from hypothesis.vendor import pretty
 
 import impl
 import spec
-from impl.scheduler import Scheduler, cdiv
+from impl.block_manager import cdiv
+from impl.scheduler import Scheduler
 from spec.policies import lifo_victim
 from spec.types import (
     DuplicateRequestError,

@@ -28,7 +28,9 @@ import torch
 from hypothesis import settings
 
 from impl import LLMEngine
-from impl.scheduler import Scheduler, SchedulerOutput, cdiv
+from impl.block_manager import cdiv
+from impl.scheduler import Scheduler
+from impl.scheduler_output import SchedulerOutput
 from model import LlamaForCausalLM, build_tiny_model
 from spec.types import (
     FinishedRequest,

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from impl.scheduler import SchedulerOutput
+from impl.scheduler_output import SchedulerOutput
 from impl.sequence import Sequence as Seq
 from spec.types import SamplingParams, SchedulerConfig
 from tests.stateful.harness import InjectedFault, fail, require
