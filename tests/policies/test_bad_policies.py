@@ -11,7 +11,6 @@ suite's.
 
 from __future__ import annotations
 
-import inspect
 import re
 from collections.abc import Callable
 from dataclasses import replace
@@ -26,13 +25,14 @@ import spec
 import spec.policies
 from spec.types import PreemptionMode, SchedulerConfig
 from tests.policies.bad import BAD_POLICIES
-from tests.stateful.harness import InvariantViolation
+from tests.stateful.failures import InvariantViolation
+from tests.stateful.invariants import INVARIANT_NAMES
 from tests.stateful.test_scheduler_differential import SchedulerDifferential
 
 #: Where Hypothesis keeps an ``@initialize`` rule on its function (hypothesis.stateful).
 INITIALIZE_RULE_MARKER = "hypothesis_stateful_initialize_rule"
 
-#: The suite's drain and progress checks (tests/stateful/harness.py).
+#: The suite's drain and progress checks (tests/stateful/machine.py, step.py).
 LIVENESS_FAILURES = ("[drain_bound]", "[no_livelock]", "[step_progress]", "[all_finished]")
 
 
@@ -88,19 +88,14 @@ SETTINGS = settings(
 )
 
 
-def rule_calls(program: list[str], machine: type[SchedulerDifferential]) -> list[str]:
+def rule_calls(program: list[str]) -> list[str]:
     """The rules of a printed failing program (invariant checks and teardown left out)."""
-    invariants = {
-        name
-        for name, member in inspect.getmembers(machine)
-        if getattr(member, "hypothesis_stateful_invariant", None) is not None
-    }
     calls = []
     for line in program:
         if "state." not in line or line.startswith("state = "):
             continue
         rule = line.split("state.", 1)[1].split("(", 1)[0]
-        if rule not in invariants and rule != "teardown":
+        if rule not in INVARIANT_NAMES and rule != "teardown":
             calls.append(line)
     return calls
 
@@ -116,7 +111,7 @@ def run_bad(
     program = list(getattr(caught.value, "__notes__", []))
     print(f"{name}: {message}")
     print("\n".join(program))
-    return message, program, rule_calls(program, machine)
+    return message, program, rule_calls(program)
 
 
 CASES: list[tuple[str, PreemptionMode | None, Callable[[str], bool]]] = [

@@ -40,15 +40,11 @@ from spec.types import (
     SchedulerState,
     StepPlan,
 )
-from tests.stateful.harness import (
-    REQUIRED_EVENTS,
-    SUPPRESSED,
-    DifferentialMachine,
-    InjectedFault,
-    fail,
-    require,
-    run_differential,
-)
+from tests.stateful.coverage import REQUIRED_EVENTS
+from tests.stateful.failures import InjectedFault, fail, require
+from tests.stateful.harness import run_differential
+from tests.stateful.machine import DifferentialMachine
+from tests.stateful.profiles import SUPPRESSED
 
 _MODEL: list[LlamaForCausalLM] = []
 _SOLO: dict[tuple[tuple[int, ...], SamplingParams], tuple[int, ...]] = {}
