@@ -43,6 +43,7 @@ from bench._common import (
     setup_torch,
 )
 from impl import LLMEngine
+from impl.block_manager import cdiv
 from impl.model_runner import ModelRunner
 from impl.scheduler import Scheduler
 from impl.scheduler_output import SchedulerOutput
@@ -66,10 +67,6 @@ MICRO_MODEL = LlamaConfig(
     num_attention_heads=1,
     num_key_value_heads=1,
 )
-
-
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def make_config(num_requests: int, max_tokens: int) -> SchedulerConfig:
