@@ -33,6 +33,7 @@ from collections.abc import Sequence as SequenceABC
 
 from impl import phases
 from impl.block_manager import BlockManager, cdiv
+from impl.invariants import check_invariants
 from impl.plan import make_plan
 from impl.policies import Policy, make_policy
 from impl.queues import WaitingQueue
@@ -273,40 +274,4 @@ class Scheduler:
 
     def check_invariants(self) -> None:
         """Assert R1 and R2 on the whole state (O(everything): for tests)."""
-        bs = self.block_size
-        seen: set[str] = set()
-        queues: list[tuple[SequenceStatus, list[Sequence]]] = [
-            (_WAITING, self.waiting.stored()),
-            (_RUNNING, self.running),
-            (_SWAPPED, list(self.swapped)),
-        ]
-        gpu_owned = 0
-        cpu_owned = 0
-        cached = 0
-        for status, queue in queues:
-            for seq in queue:
-                assert seq.status is status, seq
-                assert seq.request_id not in seen, seq
-                assert self.requests.get(seq.request_id) is seq, seq
-                seen.add(seq.request_id)
-                assert seq.num_tokens == len(seq.token_ids), seq
-                if status is _WAITING:
-                    assert seq.num_computed == 0, seq
-                    assert not seq.block_table and not seq.cpu_block_table, seq
-                else:
-                    assert 1 <= seq.num_computed < seq.num_tokens, seq
-                    owned = cdiv(seq.num_computed, bs)
-                    if status is _RUNNING:
-                        assert len(seq.block_table) == owned and not seq.cpu_block_table, seq
-                        gpu_owned += owned
-                        cached += seq.num_computed
-                    else:
-                        assert len(seq.cpu_block_table) == owned and not seq.block_table, seq
-                        cpu_owned += owned
-        assert seen == set(self.requests), "a live request is in no queue"
-        assert self.gpu.num_free_blocks + gpu_owned == self.gpu.num_blocks, "GPU blocks leak"
-        assert self.cpu.num_free_blocks + cpu_owned == self.cpu.num_blocks, "CPU blocks leak"
-        assert cached == self.num_cached_tokens, "cached-token counter drifted"
-        self.policy.check_invariants(self.running)
-        self.gpu.check()
-        self.cpu.check()
+        check_invariants(self)

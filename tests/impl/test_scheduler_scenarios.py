@@ -139,18 +139,24 @@ def test_recomputed_tokens_are_counted_in_the_output() -> None:
     assert recomputed == [0, 0, 0, 0, 7, 1]
 
 
-def test_swap_scenario_and_swapped_requests_block_admission() -> None:
-    """bs 1, 4 GPU + 4 CPU blocks, budget 4; A and B: 2-token prompts, 3 outputs."""
+def swap_pair(num_cpu_blocks: int) -> Scheduler:
+    """Swap mode, bs 1, 4 GPU blocks, budget 4; A and B: 2-token prompts, 3 outputs."""
     config = SchedulerConfig(
         num_gpu_blocks=4,
         block_size=1,
         max_num_batched_tokens=4,
         preemption_mode=SWAP,
-        num_cpu_blocks=4,
+        num_cpu_blocks=num_cpu_blocks,
     )
     s = Scheduler(config)
     s.add_request("A", [1, 2], params(3))
     s.add_request("B", [3, 4], params(3))
+    return s
+
+
+def test_swap_scenario_and_swapped_requests_block_admission() -> None:
+    """bs 1, 4 GPU + 4 CPU blocks, budget 4; A and B: 2-token prompts, 3 outputs."""
+    s = swap_pair(num_cpu_blocks=4)
     sample = constant_sampler(9)
     plans = [s.step(sample)]
     # After step 0: A and B hold 2 blocks each, free 0.
@@ -205,16 +211,7 @@ def test_swap_scenario_and_swapped_requests_block_admission() -> None:
 
 
 def test_swap_without_cpu_room_falls_back_to_recompute() -> None:
-    config = SchedulerConfig(
-        num_gpu_blocks=4,
-        block_size=1,
-        max_num_batched_tokens=4,
-        preemption_mode=SWAP,
-        num_cpu_blocks=1,
-    )
-    s = Scheduler(config)
-    s.add_request("A", [1, 2], params(3))
-    s.add_request("B", [3, 4], params(3))
+    s = swap_pair(num_cpu_blocks=1)
     sample = constant_sampler(9)
     s.step(sample)
     plan = s.step(sample)
