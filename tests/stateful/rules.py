@@ -30,6 +30,7 @@ from tests.stateful.reference import SpecModel
 from tests.stateful.step import Stepping
 from tests.stateful.strategies import (
     BAD_REQUESTS,
+    INITIAL_REQUESTS,
     NEW_REQUESTS,
     BadRequest,
     NewRequest,
@@ -59,13 +60,14 @@ def abort_label(queue: str, request: RequestState) -> str:
 class Rules(Stepping):
     # --- rules -----------------------------------------------------------------------------
 
-    @initialize(
-        target=REQUESTS,
-        config=engine_configs(),
-        initial=st.lists(NEW_REQUESTS, min_size=1, max_size=8),
-    )
+    @initialize(target=REQUESTS, config=engine_configs(), initial=INITIAL_REQUESTS)
     @checked
     def init_engine(
+        self, config: SchedulerConfig, initial: list[NewRequest]
+    ) -> MultipleResults[str]:
+        return self.start_engine(config, initial)
+
+    def start_engine(
         self, config: SchedulerConfig, initial: list[NewRequest]
     ) -> MultipleResults[str]:
         """A fresh engine for ``config`` and an initial load (swarm testing may switch

@@ -88,6 +88,10 @@ NEW_REQUESTS: Final = st.builds(
 )
 
 
+#: The load a fresh engine starts with.
+INITIAL_REQUESTS: Final = st.lists(NEW_REQUESTS, min_size=1, max_size=8)
+
+
 @dataclass(frozen=True)
 class BadRequest:
     """A request with one or more R4 defects; the first in R4's order must be raised."""
