@@ -47,7 +47,8 @@ from bench._common import (
 )
 from impl import LLMEngine
 from impl.model_runner import ModelRunner
-from impl.scheduler import Scheduler, SchedulerOutput
+from impl.scheduler import Scheduler
+from impl.scheduler_output import SchedulerOutput
 from model import LlamaForCausalLM, build_tiny_model
 from spec.types import PreemptionMode, SamplingParams, SchedulerConfig
 

@@ -256,7 +256,7 @@ def schedule_only(config: SchedulerConfig, workload: Sequence[WorkloadRequest]) 
             scheduler.add_request(r.request_id, r.prompt, r.params)
             i += 1
         out = scheduler.schedule()
-        finished = scheduler.commit(out, [1] * out.num_samples, record_plan=False)
+        finished = scheduler.commit(out, [1] * out.num_samples)
         preemptions += len(out.preempted)
         recomputed += out.num_recomputed_tokens
         scheduled += out.num_batched_tokens

@@ -48,6 +48,7 @@ from bench._common import (
     sync,
 )
 from impl import LLMEngine
+from impl.block_manager import cdiv
 from model import ForwardBatch, LlamaConfig, LlamaForCausalLM, Span, build_tiny_model
 from spec.types import PreemptionMode, SamplingParams, SchedulerConfig
 
@@ -63,10 +64,6 @@ MODELS = {
         num_key_value_heads=4,
     ),
 }
-
-
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 @dataclass

@@ -32,7 +32,7 @@ PARTS = [
     ("engine step (total)", "impl/engine.py", "step"),
     ("  scheduler: schedule (phases A-C)", "impl/scheduler.py", "schedule"),
     ("  scheduler: commit (phase D)", "impl/scheduler.py", "commit"),
-    ("  StepPlan objects", "impl/scheduler.py", "make_plan"),
+    ("  StepPlan", "impl/plan.py", "make_plan"),
     ("  metrics", "impl/engine.py", "_record"),
     ("  model runner: build batch (spans)", "impl/model_runner.py", "build_batch"),
     ("  model forward (total)", "model/llama.py", "forward"),

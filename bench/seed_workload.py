@@ -168,7 +168,7 @@ def schedule_only(config: SchedulerConfig) -> SweepResult:
     steps = preemptions = forward = recomputed = 0
     while scheduler.has_unfinished_requests():
         out = scheduler.schedule()
-        scheduler.commit(out, [9] * out.num_samples, record_plan=False)
+        scheduler.commit(out, [9] * out.num_samples)
         steps += 1
         preemptions += len(out.preempted)
         forward += out.num_batched_tokens

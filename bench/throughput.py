@@ -64,6 +64,7 @@ from bench._common import (
 )
 from bench._hf import save_tiny_hf_llama, transformers_module, transformers_version
 from impl import LLMEngine
+from impl.block_manager import cdiv
 from model import LlamaForCausalLM, load_hf_checkpoint, resolve_dtype
 from spec.types import SamplingParams, SchedulerConfig
 
@@ -102,10 +103,6 @@ class Result:
     outputs: list[list[int]] = field(default_factory=list)
     generated: int = 0
     note: str = ""
-
-
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def pool_blocks(workload: Workload) -> int:

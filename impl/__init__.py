@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 import impl._clash  # noqa: F401  (first: names a shadowed spec/impl/model)
 from impl.block_manager import BlockAllocationError, BlockManager
 from impl.policies import POLICIES, Policy, make_policy
-from impl.scheduler import Scheduler, SchedulerOutput
+from impl.scheduler import Scheduler
+from impl.scheduler_output import SchedulerOutput
 from impl.sequence import Sequence, SequenceStatus
 
 if TYPE_CHECKING:

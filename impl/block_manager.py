@@ -20,6 +20,11 @@ from collections import deque
 from spec.types import KVSchedError
 
 
+def cdiv(a: int, b: int) -> int:
+    """``ceil(a / b)``: the blocks of ``b`` tokens that hold ``a`` tokens."""
+    return -(-a // b)
+
+
 class BlockAllocationError(KVSchedError, RuntimeError):
     """A block operation that would break conservation (R2): double free, over-allocation."""
 

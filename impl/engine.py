@@ -34,9 +34,12 @@ from dataclasses import dataclass, field
 
 import torch
 
+from impl.block_manager import cdiv
 from impl.cache_engine import CacheEngine
 from impl.model_runner import ModelRunner
-from impl.scheduler import Scheduler, SchedulerOutput, cdiv
+from impl.plan import make_plan
+from impl.scheduler import Scheduler
+from impl.scheduler_output import SchedulerOutput
 from model import LlamaForCausalLM, build_tiny_model, resolve_device, resolve_dtype
 from spec.types import (
     ConfigError,
@@ -238,7 +241,7 @@ class LLMEngine:
         gpu_blocks_used = scheduler.gpu.num_used_blocks
         tokens = self._execute(out)
         finished = scheduler.commit(out, tokens)
-        plan = scheduler.make_plan(out, finished)
+        plan = make_plan(out, finished)
         self._record(out, tokens_in_cache, gpu_blocks_used, time.perf_counter() - started)
         return plan
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from impl.cache_engine import CacheEngine
-from impl.scheduler import SchedulerOutput
+from impl.scheduler_output import SchedulerOutput
 from impl.sequence import Sequence
 from model import ForwardBatch, LlamaForCausalLM, Span
 from model.sampling import sample_tokens

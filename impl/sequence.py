@@ -37,7 +37,6 @@ class Sequence:
         "block_table",
         "cpu_block_table",
         "eos_token_id",
-        "max_tokens",
         "num_computed",
         "num_preemptions",
         "num_prompt_tokens",
@@ -63,7 +62,6 @@ class Sequence:
         self.token_ids: list[int] = list(request.prompt_token_ids)
         self.num_prompt_tokens = len(self.token_ids)
         self.num_tokens = self.num_prompt_tokens
-        self.max_tokens = params.max_tokens
         # R10: the request finishes once it holds this many tokens (prompt + max_tokens).
         self.stop_len = self.num_prompt_tokens + params.max_tokens
         # -1 never matches a token id, so "ignore EOS" and "no EOS" cost one comparison.
@@ -81,10 +79,6 @@ class Sequence:
         self.status = SequenceStatus.WAITING
         # Stored position in the waiting queue for policies that keep a heap.
         self.queue_key = 0
-
-    @property
-    def num_outputs(self) -> int:
-        return self.num_tokens - self.num_prompt_tokens
 
     @property
     def output_token_ids(self) -> tuple[int, ...]:

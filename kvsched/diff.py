@@ -13,6 +13,8 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from spec.types import StepPlan
+
 
 class _Absent:
     """The value on the side of a sequence or mapping that has no such element."""
@@ -35,8 +37,19 @@ def _join(path: str, name: str) -> str:
     return f"{path}.{name}" if path else name
 
 
+_PLAN_ROWS = ("step", "scheduled", "preempted", "swapped_in", "sampled", "finished")
+
+
 def first_difference(left: object, right: object, path: str = "") -> Difference | None:
     """The first place where ``left`` and ``right`` differ, or ``None`` if they are equal."""
+    if isinstance(left, StepPlan) and isinstance(right, StepPlan):
+        # A plan stores its chunks and samples as columns; compared as rows, a difference
+        # names the request's chunk (``scheduled[1]``), not one column's index.
+        for name in _PLAN_ROWS:
+            d = first_difference(getattr(left, name), getattr(right, name), _join(path, name))
+            if d is not None:
+                return d
+        return None
     if dataclasses.is_dataclass(left) and not isinstance(left, type):
         if type(left) is not type(right):
             return Difference(path, left, right)

@@ -85,6 +85,7 @@ def mutant(
 
 
 SCHED = "impl/scheduler.py"
+PHASES = "impl/phases.py"
 POLICIES = "impl/policies.py"
 
 MUTANTS: tuple[Mutant, ...] = (
@@ -92,13 +93,13 @@ MUTANTS: tuple[Mutant, ...] = (
     mutant(
         "fifo-victim",
         "LIFO policy preempts the oldest candidate (running[start]) instead of the newest",
-        (POLICIES, "        return len(running) - 1\n", "        return start\n"),
+        (POLICIES, "    return len(running) - 1\n", "    return start\n"),
     ),
     mutant(
         "blocks-needed-off-by-one",
         "phase A counts one block too many when a chunk ends on a block boundary",
         (
-            SCHED,
+            PHASES,
             "need = (computed + n - 1) // bs + 1 - len(table)",
             "need = (computed + n) // bs + 1 - len(table)",
         ),
@@ -118,7 +119,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "swap-in-wrong-slots",
         "swap-in copies the CPU blocks into the request's GPU blocks in reverse order",
         (
-            SCHED,
+            PHASES,
             "zip(cpu_blocks, seq.block_table, strict=False)",
             "zip(cpu_blocks, seq.block_table[::-1], strict=False)",
         ),
@@ -129,20 +130,21 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             SCHED,
             "                if not self.swapped:\n"
-            "                    budget = self._admit(out, budget)\n",
-            "            if not self.swapped:\n                budget = self._admit(out, budget)\n",
+            "                    budget = phases.admit(self, out, budget)\n",
+            "            if not self.swapped:\n"
+            "                budget = phases.admit(self, out, budget)\n",
         ),
     ),
     mutant(
         "recompute-drops-outputs",
         "a recompute preemption discards the outputs like restart (lost tokens)",
-        (SCHED, "        if mode is PreemptionMode.RESTART:\n", "        if True:\n"),
+        (PHASES, "    if mode is PreemptionMode.RESTART:\n", "    if True:\n"),
     ),
     mutant(
         "eos-ignored",
         "the engine never stops on the EOS token",
         (
-            SCHED,
+            PHASES,
             "if token == seq.eos_token_id or computed + 1 == seq.stop_len:",
             "if computed + 1 == seq.stop_len:",
         ),
@@ -151,10 +153,10 @@ MUTANTS: tuple[Mutant, ...] = (
         "finished-left-running",
         "a finished request stays in running until the next schedule() (one step too long)",
         (
-            SCHED,
-            "        for i in reversed(finished_at):  # scheduled[i] is running[i]\n"
-            "            del running[i]\n",
-            "        del running  # mutant: finished requests are purged by the next schedule()\n",
+            PHASES,
+            "    for i in reversed(finished_at):  # scheduled[i] is running[i]\n"
+            "        del running[i]\n",
+            "    del running  # mutant: finished requests are purged by the next schedule()\n",
         ),
         (
             SCHED,
@@ -167,7 +169,7 @@ MUTANTS: tuple[Mutant, ...] = (
     mutant(
         "length-off-by-one",
         "a request finishes one output after max_tokens",
-        (SCHED, "computed + 1 == seq.stop_len:", "computed == seq.stop_len:"),
+        (PHASES, "computed + 1 == seq.stop_len:", "computed == seq.stop_len:"),
     ),
     mutant(
         "running-abort-leaks-blocks",
@@ -199,15 +201,15 @@ MUTANTS: tuple[Mutant, ...] = (
         "swap-fallback-missing",
         "swap mode swaps even when the CPU pool is too small",
         (
-            SCHED,
-            "if mode is PreemptionMode.SWAP and not self.cpu.can_allocate(len(gpu_blocks)):",
+            PHASES,
+            "if mode is PreemptionMode.SWAP and not sched.cpu.can_allocate(len(gpu_blocks)):",
             "if False:",
         ),
     ),
     mutant(
         "victim-to-waiting-tail",
         "a recomputed victim goes to the tail of waiting instead of the front",
-        (SCHED, "        self.waiting.push_front(seq)\n", "        self.waiting.push_back(seq)\n"),
+        (PHASES, "    sched.waiting.push_front(seq)\n", "    sched.waiting.push_back(seq)\n"),
     ),
     mutant(
         "fewest-outputs-tie-break",

@@ -37,7 +37,6 @@ from spec.types import (
     Preemption,
     PreemptionMode,
     RequestState,
-    SampledToken,
     SampledTokensError,
     SamplingParams,
     ScheduledChunk,
@@ -112,7 +111,7 @@ def plan_tokens(plan: StepPlan) -> int:
     pre: all(chunk.num_tokens >= 1 for chunk in plan.scheduled)
     post: __return__ >= len(plan.scheduled)
     """
-    return sum(chunk.num_tokens for chunk in plan.scheduled)
+    return sum(plan.num_scheduled_tokens)
 
 
 # --- preemption (R6) -------------------------------------------------------------------
@@ -457,7 +456,7 @@ def schedule(state: SchedulerState) -> tuple[SchedulerState, StepPlan]:
     """  # noqa: E501
     draft = StepDraft(state=state, budget=state.config.max_num_batched_tokens)
     draft = admit_waiting(swap_in_requests(schedule_running(draft)))
-    plan = StepPlan(
+    plan = StepPlan.of(
         step=state.num_steps,
         scheduled=draft.scheduled,
         preempted=draft.preempted,
@@ -511,12 +510,12 @@ def plan_matches(state_mid: SchedulerState, plan: StepPlan) -> bool:
     return True
 
 
-def samples(request: RequestState, chunk: ScheduledChunk) -> bool:
+def samples(request: RequestState, start: int, num_tokens: int) -> bool:
     """R10: a chunk samples a token when it brings ``computed`` up to ``num_tokens``.
 
     That is when the prefill is complete, or for every decode.
     """
-    return chunk.start + chunk.num_tokens == request.num_tokens
+    return start + num_tokens == request.num_tokens
 
 
 def sampling_request_ids(state_mid: SchedulerState, plan: StepPlan) -> tuple[str, ...]:
@@ -529,7 +528,11 @@ def sampling_request_ids(state_mid: SchedulerState, plan: StepPlan) -> tuple[str
     """
     by_id = _running_by_id(state_mid)
     return tuple(
-        chunk.request_id for chunk in plan.scheduled if samples(by_id[chunk.request_id], chunk)
+        request_id
+        for request_id, start, n in zip(
+            plan.scheduled_ids, plan.num_computed_tokens, plan.num_scheduled_tokens, strict=True
+        )
+        if samples(by_id[request_id], start, n)
     )
 
 
@@ -559,40 +562,44 @@ def complete_step(
     by_id = _running_by_id(state_mid)
     bs = state_mid.config.block_size
     updated: dict[str, RequestState | None] = {}
-    sampled: list[SampledToken] = []
+    sampled_ids: list[str] = []
+    sampled_token_ids: list[int] = []
     finished: list[FinishedRequest] = []
     freed = 0
-    for chunk in plan.scheduled:
-        request = by_id[chunk.request_id]
-        computed = chunk.start + chunk.num_tokens
+    for request_id, start, n in zip(
+        plan.scheduled_ids, plan.num_computed_tokens, plan.num_scheduled_tokens, strict=True
+    ):
+        request = by_id[request_id]
+        computed = start + n
         if computed < request.num_tokens:
-            updated[chunk.request_id] = replace(request, num_computed_tokens=computed)
+            updated[request_id] = replace(request, num_computed_tokens=computed)
             continue
-        token = tokens.get(chunk.request_id)
+        token = tokens.get(request_id)
         if token is None:
             raise _tokens_mismatch(state_mid, plan, tokens)
         outputs = (*request.output_token_ids, token)
-        sampled.append(SampledToken(request_id=chunk.request_id, token_id=token))
+        sampled_ids.append(request_id)
+        sampled_token_ids.append(token)
         reason = finish_reason(request.request.params, token, len(outputs))
         if reason is None:
-            updated[chunk.request_id] = RequestState(
+            updated[request_id] = RequestState(
                 request=request.request,
                 output_token_ids=outputs,
                 num_computed_tokens=computed,
                 num_preemptions=request.num_preemptions,
             )
         else:
-            updated[chunk.request_id] = None
+            updated[request_id] = None
             freed += blocks_held(computed, bs)
             finished.append(
                 FinishedRequest(
-                    request_id=chunk.request_id,
+                    request_id=request_id,
                     output_token_ids=outputs,
                     finish_reason=reason,
                     num_preemptions=request.num_preemptions,
                 )
             )
-    if len(sampled) != len(tokens):
+    if len(sampled_ids) != len(tokens):
         raise _tokens_mismatch(state_mid, plan, tokens)
     running = tuple(
         new for new in (updated.get(r.request_id, r) for r in state_mid.running) if new is not None
@@ -603,7 +610,12 @@ def complete_step(
         num_free_gpu_blocks=state_mid.num_free_gpu_blocks + freed,
         num_steps=state_mid.num_steps + 1,
     )
-    return new_state, replace(plan, sampled=tuple(sampled), finished=tuple(finished))
+    return new_state, replace(
+        plan,
+        sampled_ids=tuple(sampled_ids),
+        sampled_token_ids=tuple(sampled_token_ids),
+        finished=tuple(finished),
+    )
 
 
 def _tokens_mismatch(

@@ -14,6 +14,7 @@ change after it is built and transitions return new values.
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 
@@ -244,16 +245,81 @@ class FinishedRequest:
 class StepPlan:
     """What one step did, in the order it did it.
 
+    The chunks and the sampled tokens are stored as columns (parallel tuples), so that
+    an engine builds a plan with a few tuples per step rather than an object per
+    request: chunk ``k`` ran ``num_scheduled_tokens[k]`` tokens of request
+    ``scheduled_ids[k]`` from position ``num_computed_tokens[k]`` (vLLM's names), and
+    request ``sampled_ids[k]`` sampled ``sampled_token_ids[k]``. ``scheduled`` and
+    ``sampled`` give the same as ``ScheduledChunk`` / ``SampledToken`` tuples, and
+    ``StepPlan.of`` builds a plan from those; two plans are equal iff all their columns
+    are.
+
     ``preempted`` lists victims in the order they were chosen; ``swapped_in`` the
-    swapped requests brought back; ``scheduled`` every request that ran, with its
-    chunk (running ones first, then swapped-in, then newly admitted); ``sampled``
-    the tokens sampled, in ``scheduled`` order; ``finished`` the requests that
-    finished at the end of the step, in the same order.
+    swapped requests brought back; the chunks cover every request that ran (running
+    ones first, then swapped-in, then newly admitted); the sampled tokens are in chunk
+    order; ``finished`` the requests that finished at the end of the step, in the same
+    order.
     """
 
     step: int
-    scheduled: tuple[ScheduledChunk, ...] = ()
+    scheduled_ids: tuple[str, ...] = ()
+    num_computed_tokens: tuple[int, ...] = ()
+    num_scheduled_tokens: tuple[int, ...] = ()
     preempted: tuple[Preemption, ...] = ()
     swapped_in: tuple[str, ...] = ()
-    sampled: tuple[SampledToken, ...] = ()
+    sampled_ids: tuple[str, ...] = ()
+    sampled_token_ids: tuple[int, ...] = ()
     finished: tuple[FinishedRequest, ...] = ()
+
+    def __post_init__(self) -> None:
+        num_chunks = len(self.scheduled_ids)
+        if len(self.num_computed_tokens) != num_chunks or len(self.num_scheduled_tokens) != (
+            num_chunks
+        ):
+            raise ValueError("StepPlan: the three chunk columns differ in length")
+        if len(self.sampled_token_ids) != len(self.sampled_ids):
+            raise ValueError("StepPlan: the two sampled columns differ in length")
+
+    @classmethod
+    def of(
+        cls,
+        *,
+        step: int,
+        scheduled: Iterable[ScheduledChunk] = (),
+        preempted: Iterable[Preemption] = (),
+        swapped_in: Iterable[str] = (),
+        sampled: Iterable[SampledToken] = (),
+        finished: Iterable[FinishedRequest] = (),
+    ) -> StepPlan:
+        """The plan of these chunks, victims, swap-ins, sampled tokens and finished requests."""
+        chunks = tuple(scheduled)
+        tokens = tuple(sampled)
+        return cls(
+            step=step,
+            scheduled_ids=tuple(c.request_id for c in chunks),
+            num_computed_tokens=tuple(c.start for c in chunks),
+            num_scheduled_tokens=tuple(c.num_tokens for c in chunks),
+            preempted=tuple(preempted),
+            swapped_in=tuple(swapped_in),
+            sampled_ids=tuple(t.request_id for t in tokens),
+            sampled_token_ids=tuple(t.token_id for t in tokens),
+            finished=tuple(finished),
+        )
+
+    @property
+    def scheduled(self) -> tuple[ScheduledChunk, ...]:
+        """The chunks, in order (built on each call)."""
+        return tuple(
+            ScheduledChunk(request_id=request_id, start=start, num_tokens=n)
+            for request_id, start, n in zip(
+                self.scheduled_ids, self.num_computed_tokens, self.num_scheduled_tokens, strict=True
+            )
+        )
+
+    @property
+    def sampled(self) -> tuple[SampledToken, ...]:
+        """The sampled tokens, in chunk order (built on each call)."""
+        return tuple(
+            SampledToken(request_id=request_id, token_id=token_id)
+            for request_id, token_id in zip(self.sampled_ids, self.sampled_token_ids, strict=True)
+        )

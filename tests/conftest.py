@@ -5,7 +5,7 @@ derandomized, no example database, blobs printed so a failure can be replayed.
 ``dev`` is quick for local edits; ``nightly`` explores at random with a database, for
 long runs; ``mutation`` is the quick deterministic one of scripts/mutation_check.py.
 Pick one with ``HYPOTHESIS_PROFILE=<name>`` or pytest's ``--hypothesis-profile=<name>``.
-The stateful machines size themselves per profile (tests/stateful/harness.py, SIZES).
+The stateful machines size themselves per profile (tests/stateful/profiles.py, SIZES).
 """
 
 import importlib.util

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from impl.engine import LLMEngine
-from impl.scheduler import Scheduler, SchedulerOutput
+from impl.scheduler import Scheduler
+from impl.scheduler_output import SchedulerOutput
 from kvsched.peers.protocol import Observation
 from spec.scheduler import TokenOracle
 from spec.types import SamplingParams, SchedulerConfig, StepPlan

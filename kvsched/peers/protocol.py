@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from kvsched.errors import CLIInputError
@@ -112,27 +112,20 @@ def make_plan(
     ``scheduled`` holds ``(request_id, start, num_tokens)`` in the peer's batch order,
     ``sampled`` ``(request_id, token_id)``.
     """
-    return StepPlan(
+    return StepPlan.of(
         step=step,
-        scheduled=tuple(
-            ScheduledChunk(request_id=r, start=s, num_tokens=n) for r, s, n in scheduled
-        ),
-        preempted=tuple(preempted),
-        swapped_in=tuple(swapped_in),
-        sampled=tuple(SampledToken(request_id=r, token_id=t) for r, t in sampled),
-        finished=tuple(finished),
+        scheduled=(ScheduledChunk(request_id=r, start=st, num_tokens=n) for r, st, n in scheduled),
+        preempted=preempted,
+        swapped_in=swapped_in,
+        sampled=(SampledToken(request_id=r, token_id=t) for r, t in sampled),
+        finished=finished,
     )
 
 
 def decisions(plan: StepPlan) -> StepPlan:
     """The part of a plan decided before any token exists: the one place lockstep reads it."""
-    return StepPlan(
-        step=plan.step,
-        scheduled=plan.scheduled,
-        preempted=plan.preempted,
-        swapped_in=plan.swapped_in,
-    )
+    return replace(plan, sampled_ids=(), sampled_token_ids=(), finished=())
 
 
 def sampled_tokens(plan: StepPlan) -> dict[str, int]:
-    return {s.request_id: s.token_id for s in plan.sampled}
+    return dict(zip(plan.sampled_ids, plan.sampled_token_ids, strict=True))

@@ -77,7 +77,9 @@ def test_a_wrong_victim_diverges(
     invoke: Invoke, write_workload: WriteWorkload, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """LIFO broken to preempt the first candidate instead of the last one."""
-    monkeypatch.setattr(impl.policies.Policy, "select_victim", lambda self, running, start: start)
+    monkeypatch.setattr(
+        impl.policies.LifoPolicy, "select_victim", lambda self, running, start: start
+    )
     path = write_workload(_workload())
     code, out, err = _conform(invoke, path)
     assert code == 1

@@ -7,7 +7,7 @@ from spec.types import Preemption, PreemptionMode, ScheduledChunk, StepPlan
 
 
 def _plan(victim: str, n: int = 3) -> StepPlan:
-    return StepPlan(
+    return StepPlan.of(
         step=4,
         scheduled=(ScheduledChunk(request_id="a", start=0, num_tokens=n),),
         preempted=(Preemption(request_id=victim, mode=PreemptionMode.RECOMPUTE),),
@@ -23,7 +23,7 @@ def test_finds_nested_field() -> None:
         "plan.preempted[0].request_id", "b", "c"
     )
     assert first_difference(_plan("b", 3), _plan("c", 4), "plan") == Difference(
-        "plan.scheduled[0].num_tokens", 3, 4
+        "plan.num_scheduled_tokens[0]", 3, 4
     )
 
 

@@ -340,7 +340,7 @@ def make_plan(p: SymbolicFactory) -> StepPlan:
             assume(p, n <= request.num_tokens - computed)
             chunks.append(ScheduledChunk(request_id=rid, start=computed, num_tokens=n))
     with ResumedTracing():
-        return StepPlan(step=state.num_steps, scheduled=tuple(chunks))
+        return StepPlan.of(step=state.num_steps, scheduled=chunks)
 
 
 def make_sampling_params(p: SymbolicFactory) -> SamplingParams:

@@ -6,7 +6,8 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Sequence
 
-from impl.scheduler import Scheduler, SchedulerOutput
+from impl.scheduler import Scheduler
+from impl.scheduler_output import SchedulerOutput
 from spec.types import (
     PreemptionMode,
     SamplingParams,

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from impl import LLMEngine
-from impl.scheduler import SchedulerOutput
+from impl.scheduler_output import SchedulerOutput
 from model import LlamaForCausalLM
 from spec.types import FinishedRequest, PreemptionMode, StepPlan
 from tests.impl.conftest import SoloFn

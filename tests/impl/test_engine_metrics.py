@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-import impl.scheduler
-from impl import EngineMetrics, LLMEngine, Scheduler
+from impl import EngineMetrics, LLMEngine
 from model import LlamaForCausalLM
 from spec.types import PreemptionMode, SamplingParams, SchedulerConfig
-from tests.impl.helpers import constant_sampler
 
 
 def test_metrics_of_a_single_request(model64: LlamaForCausalLM) -> None:
@@ -73,21 +71,3 @@ def test_metrics_count_recompute_and_swap(model64: LlamaForCausalLM) -> None:
 def test_empty_metrics() -> None:
     m = EngineMetrics()
     assert m.kv_utilization == 0.0 and m.tokens_per_s == 0.0 and m.num_preemptions == 0
-
-
-def test_plan_objects_without_the_fast_construction(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert impl.scheduler._FAST_PLAN  # the plan types are slotted and validate nothing
-
-    def plans() -> list[object]:
-        s = Scheduler(SchedulerConfig(num_gpu_blocks=6, block_size=2, max_num_batched_tokens=8))
-        s.add_request("A", [1, 2, 3], SamplingParams(max_tokens=4, ignore_eos=True))
-        s.add_request("B", [4, 5, 6, 7], SamplingParams(max_tokens=4, ignore_eos=True))
-        s.add_request("C", [8, 9], SamplingParams(max_tokens=2, ignore_eos=True))
-        result: list[object] = []
-        while s.has_unfinished_requests():
-            result.append(s.step(constant_sampler(9)))
-        return result
-
-    fast = plans()
-    monkeypatch.setattr(impl.scheduler, "_FAST_PLAN", False)
-    assert plans() == fast

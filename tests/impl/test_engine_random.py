@@ -11,7 +11,7 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from impl import LLMEngine
-from impl.scheduler import SchedulerOutput
+from impl.scheduler_output import SchedulerOutput
 from model import LlamaForCausalLM
 from spec.types import PreemptionMode, SamplingParams, SchedulerConfig
 from tests.impl.conftest import SoloFn

@@ -7,10 +7,11 @@ import pytest
 from impl.policies import (
     POLICIES,
     FewestOutputsPolicy,
+    Policy,
     PriorityPolicy,
-    PriorityWaitingQueue,
     make_policy,
 )
+from impl.queues import FifoWaitingQueue, PriorityWaitingQueue, WaitingQueue
 from impl.scheduler import Scheduler
 from impl.sequence import Sequence
 from spec.types import ConfigError, Request, SamplingParams, SchedulerConfig
@@ -112,3 +113,14 @@ def test_priority_queue_remove_and_undo() -> None:
     assert [s.request_id for s in queue.stored()] == ["a", "b", "d", "e"]
     with pytest.raises(ValueError, match="not waiting"):
         queue.remove(items[2])
+
+
+def test_policy_is_an_interface_without_a_default_victim() -> None:
+    class QueueOnly(Policy):
+        name = "queue-only"
+
+        def new_waiting_queue(self) -> WaitingQueue:
+            return FifoWaitingQueue()
+
+    with pytest.raises(TypeError, match="select_victim"):
+        QueueOnly()  # type: ignore[abstract]

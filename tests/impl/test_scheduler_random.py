@@ -17,7 +17,9 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from impl.scheduler import Scheduler, SchedulerOutput, cdiv
+from impl.block_manager import cdiv
+from impl.scheduler import Scheduler
+from impl.scheduler_output import SchedulerOutput
 from spec.types import (
     FinishReason,
     InvalidRequestError,

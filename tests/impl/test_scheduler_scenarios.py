@@ -74,20 +74,20 @@ def test_lifo_recompute_chunked_scenario() -> None:
     expected = [
         # Admit A (3 tokens, 2 blocks), B (4, 2), C gets the 1 token left (1 block).
         # A and B finish their prompts and sample; C does not.
-        StepPlan(
+        StepPlan.of(
             step=0,
             scheduled=(chunk("A", 0, 3), chunk("B", 0, 4), chunk("C", 0, 1)),
             sampled=(tok("A"), tok("B")),
         ),
         # Free 1. A decodes in its 2nd block (no new block), B needs a 3rd (takes the
         # last free one), C finishes its prompt inside its block.
-        StepPlan(
+        StepPlan.of(
             step=1,
             scheduled=(chunk("A", 3, 1), chunk("B", 4, 1), chunk("C", 1, 1)),
             sampled=(tok("A"), tok("B"), tok("C")),
         ),
         # Free 0. A needs a 3rd block: LIFO victim C (last), recompute, front of waiting.
-        StepPlan(
+        StepPlan.of(
             step=2,
             scheduled=(chunk("A", 4, 1), chunk("B", 5, 1)),
             preempted=(Preemption(request_id="C", mode=RECOMPUTE),),
@@ -95,7 +95,7 @@ def test_lifo_recompute_chunked_scenario() -> None:
         ),
         # A fits in its block; B needs a 4th, the only candidate is B: it preempts
         # itself and phase A ends. A reaches max_tokens=4.
-        StepPlan(
+        StepPlan.of(
             step=3,
             scheduled=(chunk("A", 5, 1),),
             preempted=(Preemption(request_id="B", mode=RECOMPUTE),),
@@ -104,14 +104,14 @@ def test_lifo_recompute_chunked_scenario() -> None:
         ),
         # Waiting = [B, C]. B re-prefills prompt + 3 outputs (7 tokens, 4 blocks) and
         # samples its 4th output; C gets the last budget token.
-        StepPlan(
+        StepPlan.of(
             step=4,
             scheduled=(chunk("B", 0, 7), chunk("C", 0, 1)),
             sampled=(tok("B"),),
             finished=(done("B", 4, preemptions=1),),
         ),
         # C prefills its 2 remaining tokens (prompt + kept output) and samples output 2.
-        StepPlan(
+        StepPlan.of(
             step=5,
             scheduled=(chunk("C", 1, 2),),
             sampled=(tok("C"),),
@@ -139,18 +139,24 @@ def test_recomputed_tokens_are_counted_in_the_output() -> None:
     assert recomputed == [0, 0, 0, 0, 7, 1]
 
 
-def test_swap_scenario_and_swapped_requests_block_admission() -> None:
-    """bs 1, 4 GPU + 4 CPU blocks, budget 4; A and B: 2-token prompts, 3 outputs."""
+def swap_pair(num_cpu_blocks: int) -> Scheduler:
+    """Swap mode, bs 1, 4 GPU blocks, budget 4; A and B: 2-token prompts, 3 outputs."""
     config = SchedulerConfig(
         num_gpu_blocks=4,
         block_size=1,
         max_num_batched_tokens=4,
         preemption_mode=SWAP,
-        num_cpu_blocks=4,
+        num_cpu_blocks=num_cpu_blocks,
     )
     s = Scheduler(config)
     s.add_request("A", [1, 2], params(3))
     s.add_request("B", [3, 4], params(3))
+    return s
+
+
+def test_swap_scenario_and_swapped_requests_block_admission() -> None:
+    """bs 1, 4 GPU + 4 CPU blocks, budget 4; A and B: 2-token prompts, 3 outputs."""
+    s = swap_pair(num_cpu_blocks=4)
     sample = constant_sampler(9)
     plans = [s.step(sample)]
     # After step 0: A and B hold 2 blocks each, free 0.
@@ -165,11 +171,11 @@ def test_swap_scenario_and_swapped_requests_block_admission() -> None:
     plans.append(s.step(sample))
     plans.append(s.step(sample))
     expected = [
-        StepPlan(
+        StepPlan.of(
             step=0, scheduled=(chunk("A", 0, 2), chunk("B", 0, 2)), sampled=(tok("A"), tok("B"))
         ),
         # A needs a 3rd block, victim B moves its 2 blocks to the CPU pool.
-        StepPlan(
+        StepPlan.of(
             step=1,
             scheduled=(chunk("A", 2, 1),),
             preempted=(Preemption(request_id="B", mode=SWAP),),
@@ -177,27 +183,27 @@ def test_swap_scenario_and_swapped_requests_block_admission() -> None:
         ),
         # A takes the last free block; B would need 3 > 0 free: head-of-line stop; C
         # may not be admitted while B is swapped. A finishes (3 outputs).
-        StepPlan(
+        StepPlan.of(
             step=2,
             scheduled=(chunk("A", 3, 1),),
             sampled=(tok("A"),),
             finished=(done("A", 3),),
         ),
         # B swaps in (3 GPU blocks for 2 computed + 1), then C is admitted (1 block).
-        StepPlan(
+        StepPlan.of(
             step=3,
             scheduled=(chunk("B", 2, 1), chunk("C", 0, 1)),
             swapped_in=("B",),
             sampled=(tok("B"), tok("C")),
             finished=(done("C", 1),),
         ),
-        StepPlan(
+        StepPlan.of(
             step=4,
             scheduled=(chunk("B", 3, 1),),
             sampled=(tok("B"),),
             finished=(done("B", 3, preemptions=1),),
         ),
-        StepPlan(step=5),  # an empty step still counts
+        StepPlan.of(step=5),  # an empty step still counts
     ]
     assert plans == expected
     assert s.num_steps == 6
@@ -205,16 +211,7 @@ def test_swap_scenario_and_swapped_requests_block_admission() -> None:
 
 
 def test_swap_without_cpu_room_falls_back_to_recompute() -> None:
-    config = SchedulerConfig(
-        num_gpu_blocks=4,
-        block_size=1,
-        max_num_batched_tokens=4,
-        preemption_mode=SWAP,
-        num_cpu_blocks=1,
-    )
-    s = Scheduler(config)
-    s.add_request("A", [1, 2], params(3))
-    s.add_request("B", [3, 4], params(3))
+    s = swap_pair(num_cpu_blocks=1)
     sample = constant_sampler(9)
     s.step(sample)
     plan = s.step(sample)

@@ -171,7 +171,7 @@ def test_plans_are_built_and_read_in_one_place() -> None:
         sampled=[("a", 7)],
     )
     assert plan.scheduled[0].num_tokens == 4 and plan.sampled[0].token_id == 7
-    assert decisions(plan) == replace(plan, sampled=())
+    assert decisions(plan) == replace(plan, sampled_ids=(), sampled_token_ids=())
 
 
 def test_spec_and_kvsched_do_not_import_peers() -> None:
@@ -199,7 +199,9 @@ def test_conform_shows_both_states_on_request(
     invoke: Invoke, write_workload: WriteWorkload, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``--show-states``: the verdict line, then the spec's and the engine's states."""
-    monkeypatch.setattr(impl.policies.Policy, "select_victim", lambda self, running, start: start)
+    monkeypatch.setattr(
+        impl.policies.LifoPolicy, "select_victim", lambda self, running, start: start
+    )
     lines = [
         {"id": f"r{i}", "prompt": [i + 1, 2, 3], "max_tokens": 6, "ignore_eos": True}
         for i in range(3)

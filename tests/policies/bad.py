@@ -17,6 +17,7 @@ can object.
 from __future__ import annotations
 
 import impl.policies
+import impl.queues
 from impl.sequence import Sequence
 from spec.policies import Policy, stored_order
 from spec.types import RequestState, SchedulerState
@@ -46,6 +47,9 @@ class EvictOldestPolicy(impl.policies.Policy):
 
     def select_victim(self, running: list[Sequence], start: int) -> int:
         return start
+
+    def new_waiting_queue(self) -> impl.queues.WaitingQueue:
+        return impl.queues.FifoWaitingQueue()
 
 
 class RefuseAllPolicy(EvictOldestPolicy):

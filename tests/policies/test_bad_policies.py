@@ -11,7 +11,6 @@ suite's.
 
 from __future__ import annotations
 
-import inspect
 import re
 from collections.abc import Callable
 from dataclasses import replace
@@ -19,20 +18,20 @@ from types import MappingProxyType
 
 import pytest
 from hypothesis import HealthCheck, Phase, settings
-from hypothesis.stateful import Bundle, initialize, run_state_machine_as_test
+from hypothesis.stateful import MultipleResults, initialize, run_state_machine_as_test
 
 import impl.policies
 import spec
 import spec.policies
 from spec.types import PreemptionMode, SchedulerConfig
 from tests.policies.bad import BAD_POLICIES
-from tests.stateful.harness import InvariantViolation
+from tests.stateful.base import REQUESTS, checked
+from tests.stateful.failures import InvariantViolation
+from tests.stateful.invariants import INVARIANT_NAMES
+from tests.stateful.strategies import INITIAL_REQUESTS, NewRequest, engine_configs
 from tests.stateful.test_scheduler_differential import SchedulerDifferential
 
-#: Where Hypothesis keeps an ``@initialize`` rule on its function (hypothesis.stateful).
-INITIALIZE_RULE_MARKER = "hypothesis_stateful_initialize_rule"
-
-#: The suite's drain and progress checks (tests/stateful/harness.py).
+#: The suite's drain and progress checks (tests/stateful/machine.py, step.py).
 LIVENESS_FAILURES = ("[drain_bound]", "[no_livelock]", "[step_progress]", "[all_finished]")
 
 
@@ -48,9 +47,8 @@ def register(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
 def machine_for(name: str, mode: PreemptionMode | None) -> type[SchedulerDifferential]:
     """``SchedulerDifferential`` whose ``init_engine`` draws its config with ``name``.
 
-    The suite's own ``@initialize`` rule is reused whole (its function, targets and
-    other arguments); only its ``config`` strategy is mapped to the bad policy, so this
-    follows the suite as it changes.
+    The rule draws what the suite's own ``init_engine`` draws (its config strategy,
+    mapped to the bad policy, and its initial load) and starts the engine the same way.
     """
 
     def with_bad_policy(config: SchedulerConfig) -> SchedulerConfig:
@@ -58,23 +56,21 @@ def machine_for(name: str, mode: PreemptionMode | None) -> type[SchedulerDiffere
             return replace(config, policy=name)
         return replace(config, policy=name, preemption_mode=mode)
 
-    suite_rule = getattr(SchedulerDifferential.init_engine, INITIALIZE_RULE_MARKER)
-    arguments = dict(suite_rule.arguments)
-    arguments["config"] = arguments["config"].map(with_bad_policy)
-    suite_init = suite_rule.function
+    class BadPolicyMachine(SchedulerDifferential):
+        NAME = f"BadPolicy[{name}]"
 
-    def init_engine(self: SchedulerDifferential, **kwargs: object) -> object:
-        return suite_init(self, **kwargs)
+        @initialize(
+            target=REQUESTS,
+            config=engine_configs().map(with_bad_policy),
+            initial=INITIAL_REQUESTS,
+        )
+        @checked
+        def init_engine(
+            self, config: SchedulerConfig, initial: list[NewRequest]
+        ) -> MultipleResults[str]:
+            return self.start_engine(config, initial)
 
-    targets = tuple(Bundle(target) for target in suite_rule.targets)
-    return type(
-        "BadPolicyMachine",
-        (SchedulerDifferential,),
-        {
-            "NAME": f"BadPolicy[{name}]",
-            "init_engine": initialize(targets=targets, **arguments)(init_engine),
-        },
-    )
+    return BadPolicyMachine
 
 
 SETTINGS = settings(
@@ -88,19 +84,14 @@ SETTINGS = settings(
 )
 
 
-def rule_calls(program: list[str], machine: type[SchedulerDifferential]) -> list[str]:
+def rule_calls(program: list[str]) -> list[str]:
     """The rules of a printed failing program (invariant checks and teardown left out)."""
-    invariants = {
-        name
-        for name, member in inspect.getmembers(machine)
-        if getattr(member, "hypothesis_stateful_invariant", None) is not None
-    }
     calls = []
     for line in program:
         if "state." not in line or line.startswith("state = "):
             continue
         rule = line.split("state.", 1)[1].split("(", 1)[0]
-        if rule not in invariants and rule != "teardown":
+        if rule not in INVARIANT_NAMES and rule != "teardown":
             calls.append(line)
     return calls
 
@@ -116,7 +107,7 @@ def run_bad(
     program = list(getattr(caught.value, "__notes__", []))
     print(f"{name}: {message}")
     print("\n".join(program))
-    return message, program, rule_calls(program, machine)
+    return message, program, rule_calls(program)
 
 
 CASES: list[tuple[str, PreemptionMode | None, Callable[[str], bool]]] = [

@@ -51,11 +51,11 @@ def test_cli_offers_every_registered_policy() -> None:
 
 def test_stateful_suite_draws_every_registered_policy() -> None:
     """The differential machines draw the policy from the registry and must reach each."""
-    from tests.stateful import harness  # noqa: PLC0415  (the suite's own import cost)
+    from tests.stateful import coverage, strategies  # noqa: PLC0415  (the suite's import cost)
 
-    assert tuple(harness.POLICY_NAMES) == tuple(sorted(spec.POLICIES))
+    assert tuple(strategies.POLICY_NAMES) == tuple(sorted(spec.POLICIES))
     for name in spec.POLICIES:
-        assert f"config: policy={name}" in harness.REQUIRED_EVENTS
+        assert f"config: policy={name}" in coverage.REQUIRED_EVENTS
 
 
 def test_crosshair_covers_every_registered_policy() -> None:

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 import spec
 from impl.policies import RESERVE_HORIZON as ENGINE_HORIZON
 from impl.policies import ReservePolicy
-from impl.scheduler import Scheduler, SchedulerOutput
+from impl.scheduler import Scheduler
+from impl.scheduler_output import SchedulerOutput
 from impl.sequence import Sequence
 from spec.policies import RESERVE_HORIZON, decode_peak_blocks, peak_blocks, reserve_admit
 from spec.types import (

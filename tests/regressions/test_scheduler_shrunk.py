@@ -16,7 +16,7 @@ impl/ so far. A real one would be pinned the same way.
 from __future__ import annotations
 
 from spec.types import PreemptionMode, SchedulerConfig
-from tests.stateful.harness import NewRequest
+from tests.stateful.strategies import NewRequest
 from tests.stateful.test_scheduler_differential import SchedulerDifferential
 
 

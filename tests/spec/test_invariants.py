@@ -190,6 +190,23 @@ def init() -> SchedulerState:
     return init_state(config(6))
 
 
+def with_plan(
+    plan: StepPlan,
+    *,
+    scheduled: tuple[ScheduledChunk, ...] | None = None,
+    sampled: tuple[SampledToken, ...] | None = None,
+) -> StepPlan:
+    """``plan`` with other chunks or sampled tokens."""
+    return StepPlan.of(
+        step=plan.step,
+        scheduled=plan.scheduled if scheduled is None else scheduled,
+        preempted=plan.preempted,
+        swapped_in=plan.swapped_in,
+        sampled=plan.sampled if sampled is None else sampled,
+        finished=plan.finished,
+    )
+
+
 def broken_steps() -> dict[str, tuple[SchedulerState, StepPlan, SchedulerState, str]]:
     before, plan, after = valid_step()
     first = plan.scheduled[0]
@@ -200,19 +217,19 @@ def broken_steps() -> dict[str, tuple[SchedulerState, StepPlan, SchedulerState, 
         "plan over budget": (over, plan, replace(after, config=over.config), "R5"),
         "request scheduled twice": (
             before,
-            replace(plan, scheduled=(*plan.scheduled, first)),
+            with_plan(plan, scheduled=(*plan.scheduled, first)),
             after,
             "R5",
         ),
         "chunk not starting at computed": (
             before,
-            replace(plan, scheduled=(replace(first, start=first.start + 1), *plan.scheduled[1:])),
+            with_plan(plan, scheduled=(replace(first, start=first.start + 1), *plan.scheduled[1:])),
             after,
             "R5",
         ),
         "empty chunk": (
             before,
-            replace(
+            with_plan(
                 plan,
                 scheduled=(*plan.scheduled, ScheduledChunk(request_id="w", start=0, num_tokens=0)),
             ),
@@ -221,7 +238,7 @@ def broken_steps() -> dict[str, tuple[SchedulerState, StepPlan, SchedulerState, 
         ),
         "chunk past num_tokens": (
             before,
-            replace(plan, scheduled=(replace(first, num_tokens=50), *plan.scheduled[1:])),
+            with_plan(plan, scheduled=(replace(first, num_tokens=50), *plan.scheduled[1:])),
             after,
             "R5",
         ),
@@ -234,7 +251,7 @@ def broken_steps() -> dict[str, tuple[SchedulerState, StepPlan, SchedulerState, 
         ),
         "sampled without completing": (
             before,
-            replace(plan, sampled=(*plan.sampled, SampledToken(request_id="m", token_id=1))),
+            with_plan(plan, sampled=(*plan.sampled, SampledToken(request_id="m", token_id=1))),
             after,
             "R10",
         ),
@@ -263,7 +280,7 @@ def broken_steps() -> dict[str, tuple[SchedulerState, StepPlan, SchedulerState, 
         ),
         "admission in a step that preempted": (
             p_before,
-            replace(
+            with_plan(
                 p_plan,
                 scheduled=(
                     *p_plan.scheduled,

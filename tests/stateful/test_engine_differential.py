@@ -28,7 +28,9 @@ import torch
 from hypothesis import settings
 
 from impl import LLMEngine
-from impl.scheduler import Scheduler, SchedulerOutput, cdiv
+from impl.block_manager import cdiv
+from impl.scheduler import Scheduler
+from impl.scheduler_output import SchedulerOutput
 from model import LlamaForCausalLM, build_tiny_model
 from spec.types import (
     FinishedRequest,
@@ -38,15 +40,11 @@ from spec.types import (
     SchedulerState,
     StepPlan,
 )
-from tests.stateful.harness import (
-    REQUIRED_EVENTS,
-    SUPPRESSED,
-    DifferentialMachine,
-    InjectedFault,
-    fail,
-    require,
-    run_differential,
-)
+from tests.stateful.coverage import REQUIRED_EVENTS
+from tests.stateful.failures import InjectedFault, fail, require
+from tests.stateful.harness import run_differential
+from tests.stateful.machine import DifferentialMachine
+from tests.stateful.profiles import SUPPRESSED
 
 _MODEL: list[LlamaForCausalLM] = []
 _SOLO: dict[tuple[tuple[int, ...], SamplingParams], tuple[int, ...]] = {}

@@ -19,12 +19,10 @@ import spec
 from impl.scheduler import Scheduler
 from spec.scheduler import oracle_tokens
 from spec.types import SamplingParams, SchedulerConfig, SchedulerState, StepPlan
-from tests.stateful.harness import (
-    REQUIRED_EVENTS,
-    SUPPRESSED,
-    DifferentialMachine,
-    run_differential,
-)
+from tests.stateful.coverage import REQUIRED_EVENTS
+from tests.stateful.harness import run_differential
+from tests.stateful.machine import DifferentialMachine
+from tests.stateful.profiles import SUPPRESSED
 from tests.stateful.toy import ToyModel, toy_solo
 
 #: A small vocabulary (prompt tokens, the oracle's range), yet large enough that an EOS

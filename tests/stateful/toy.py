@@ -24,10 +24,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from impl.scheduler import SchedulerOutput
+from impl.scheduler_output import SchedulerOutput
 from impl.sequence import Sequence as Seq
 from spec.types import SamplingParams, SchedulerConfig
-from tests.stateful.harness import InjectedFault, fail, require
+from tests.stateful.failures import InjectedFault, fail, require
 
 Slot = tuple[int, int, int]  # (arrival, position, token)
 Oracle = Callable[[tuple[int, ...]], int]

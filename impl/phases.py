@@ -1,0 +1,260 @@
+"""The four phases of a step (R5-R10) as functions of the scheduler's state.
+
+Phases A-C (``schedule_running``, ``swap_in``, ``admit``) decide what runs, mutate the
+queues and block tables and record every change in the ``SchedulerOutput`` so that
+``impl/rollback.py`` can undo it; phase D (``commit``) applies the sampled tokens and
+finishes requests. ``Scheduler.schedule`` and ``Scheduler.commit`` call them in order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence as SequenceABC
+from typing import TYPE_CHECKING
+
+from impl.block_manager import cdiv
+from impl.scheduler_output import PreemptionRecord, SchedulerOutput
+from impl.sequence import Sequence, SequenceStatus
+from spec.types import (
+    FinishedRequest,
+    FinishReason,
+    KVCacheExhaustedError,
+    PreemptionMode,
+    SampledTokensError,
+)
+
+if TYPE_CHECKING:
+    from impl.scheduler import Scheduler
+
+_RUNNING = SequenceStatus.RUNNING
+_WAITING = SequenceStatus.WAITING
+_SWAPPED = SequenceStatus.SWAPPED
+_FINISHED = SequenceStatus.FINISHED
+
+# --- phases A-C (R5-R8) -------------------------------------------------------------------
+
+
+def schedule_running(sched: Scheduler, out: SchedulerOutput, budget: int) -> int:
+    """Phase A (R5): every running request, head first, while the budget lasts."""
+    running = sched.running
+    bs = sched.block_size
+    gpu = sched.gpu
+    free = gpu.num_free_blocks
+    num_scheduled = out.num_scheduled
+    record = num_scheduled.append
+    capped = 0
+    i = 0
+    nrun = len(running)
+    while i < nrun and budget > 0:
+        seq = running[i]
+        computed = seq.num_computed
+        n = remaining = seq.num_tokens - computed
+        if n > budget:
+            n = budget  # a prefill chunk cut by the budget: it does not sample
+            capped += 1
+        table = seq.block_table
+        need = (computed + n - 1) // bs + 1 - len(table)
+        if need > 0:
+            if need > free:
+                if make_room(sched, out, i, need):
+                    if n < remaining:
+                        capped -= 1  # it was not scheduled after all
+                    break  # the request preempted itself: phase A ends
+                nrun = len(running)
+                free = gpu.num_free_blocks
+            gpu.grow(table, len(table) + need)
+            free -= need
+        record(n)
+        budget -= n
+        i += 1
+    out.num_samples = i - capped
+    return budget
+
+
+def make_room(sched: Scheduler, out: SchedulerOutput, index: int, need: int) -> bool:
+    """R5.3: preempt victims among ``running[index:]`` until ``need`` blocks are free.
+
+    Returns True if the policy picked ``running[index]`` itself.
+    """
+    gpu = sched.gpu
+    running = sched.running
+    if not sched.enable_preemption:
+        raise KVCacheExhaustedError(used=gpu.num_used_blocks, needed=need, capacity=gpu.num_blocks)
+    select_victim = sched.policy.select_victim
+    while need > gpu.num_free_blocks:
+        victim_index = select_victim(running, index)
+        if not index <= victim_index < len(running):
+            raise AssertionError(f"policy chose {victim_index} outside running[{index}:]")
+        preempt(sched, out, victim_index)
+        if victim_index == index:
+            return True
+    return False
+
+
+def preempt(sched: Scheduler, out: SchedulerOutput, index: int) -> None:
+    """R6: free the victim's GPU blocks and requeue it by the preemption mode."""
+    seq = sched.running.pop(index)
+    if sched.tracks_running:
+        sched.policy.on_leave(seq)
+    gpu_blocks = seq.block_table.copy()
+    mode = sched.config.preemption_mode
+    if mode is PreemptionMode.SWAP and not sched.cpu.can_allocate(len(gpu_blocks)):
+        mode = PreemptionMode.RECOMPUTE  # R6: the CPU pool lacks room
+    record = PreemptionRecord(seq, mode, index, len(out.num_scheduled), gpu_blocks)
+    out.preempted.append(record)
+    sched.num_cached_tokens -= seq.num_computed
+    sched.gpu.free(seq.block_table)
+    seq.num_preemptions += 1
+    if mode is PreemptionMode.SWAP:
+        cpu_table = sched.cpu.allocate(len(gpu_blocks))
+        out.swap_out.extend(zip(gpu_blocks, cpu_table, strict=True))
+        seq.cpu_block_table = cpu_table
+        seq.status = _SWAPPED
+        sched.swapped.append(seq)
+        return
+    seq.recomputed_until = max(seq.recomputed_until, seq.num_computed)
+    seq.num_computed = 0
+    if mode is PreemptionMode.RESTART:
+        record.dropped_outputs = seq.token_ids[seq.num_prompt_tokens :]
+        del seq.token_ids[seq.num_prompt_tokens :]
+        seq.num_tokens = seq.num_prompt_tokens
+    seq.status = _WAITING
+    sched.waiting.push_front(seq)
+
+
+def swap_in(sched: Scheduler, out: SchedulerOutput, budget: int) -> int:
+    """Phase B (R7): bring swapped requests back, head first, head-of-line."""
+    config = sched.config
+    bs = sched.block_size
+    swapped = sched.swapped
+    running = sched.running
+    gpu = sched.gpu
+    while swapped:
+        if len(running) >= config.max_num_seqs or budget == 0:
+            break
+        seq = swapped[0]
+        computed = seq.num_computed
+        n = remaining = seq.num_tokens - computed
+        if n > budget:
+            if not config.enable_chunked_prefill:
+                break
+            n = budget
+        num_blocks = cdiv(computed + n, bs)
+        if num_blocks > gpu.num_free_blocks:
+            break
+        swapped.popleft()
+        cpu_blocks = seq.cpu_block_table.copy()
+        sched.cpu.free(seq.cpu_block_table)
+        gpu.grow(seq.block_table, num_blocks)
+        out.swap_in.extend(zip(cpu_blocks, seq.block_table, strict=False))
+        out.swapped_in.append((seq, cpu_blocks))
+        seq.status = _RUNNING
+        running.append(seq)
+        if sched.tracks_running:
+            sched.policy.on_run(seq)
+        sched.num_cached_tokens += computed
+        out.num_scheduled.append(n)
+        out.num_samples += n == remaining
+        budget -= n
+    return budget
+
+
+def admit(sched: Scheduler, out: SchedulerOutput, budget: int) -> int:
+    """Phase C (R8): admit waiting requests in the policy's order, head-of-line."""
+    config = sched.config
+    bs = sched.block_size
+    waiting = sched.waiting
+    running = sched.running
+    gpu = sched.gpu
+    policy = sched.policy
+    gate = policy.has_admission_gate
+    track = sched.tracks_running
+    while len(waiting):
+        if len(running) >= config.max_num_seqs or budget == 0:
+            break
+        seq = waiting.peek()
+        n = seq.num_tokens
+        samples = True
+        if n > budget:
+            if not config.enable_chunked_prefill:
+                break
+            n = budget
+            samples = False
+        num_blocks = cdiv(n, bs)
+        free = gpu.num_free_blocks
+        if num_blocks > free:
+            break
+        if gate and not policy.can_admit(seq, n, running=running, num_free_blocks=free):
+            break
+        waiting.pop()
+        gpu.grow(seq.block_table, num_blocks)
+        seq.status = _RUNNING
+        running.append(seq)
+        if track:
+            policy.on_run(seq)
+        out.num_admitted += 1
+        out.num_scheduled.append(n)
+        out.num_samples += samples
+        budget -= n
+    return budget
+
+
+# --- phase D (R10) ------------------------------------------------------------------------
+
+
+def commit(
+    sched: Scheduler, out: SchedulerOutput, sampled_token_ids: SequenceABC[int]
+) -> list[FinishedRequest]:
+    """Phase D (R10): apply the chunks and the sampled tokens; finish requests.
+
+    ``sampled_token_ids`` holds one token per sampling chunk, in plan order.
+    Returns the finished requests in plan order; ``num_steps`` goes up by one.
+    ``out`` keeps what ``make_plan`` needs.
+    """
+    if len(sampled_token_ids) != out.num_samples:
+        raise SampledTokensError(
+            f"step {out.step}: {out.num_samples} requests sample, "
+            f"got {len(sampled_token_ids)} tokens"
+        )
+    out.sampled_token_ids = tuple(sampled_token_ids)
+    finished_at: list[int] = []
+    add_start = out.starts.append
+    add_sampled_id = out.sampled_ids.append
+    recomputed = 0
+    k = 0
+    for index, (seq, n) in enumerate(zip(out.scheduled, out.num_scheduled, strict=True)):
+        start = seq.num_computed
+        add_start(start)
+        if start < seq.recomputed_until:
+            end = start + n
+            until = seq.recomputed_until
+            recomputed += (end if end < until else until) - start
+        computed = start + n
+        seq.num_computed = computed
+        if computed == seq.num_tokens:
+            token = sampled_token_ids[k]
+            k += 1
+            add_sampled_id(seq.request_id)
+            seq.token_ids.append(token)
+            seq.num_tokens = computed + 1
+            if token == seq.eos_token_id or computed + 1 == seq.stop_len:
+                finished_at.append(index)
+    out.num_recomputed_tokens = recomputed
+    sched.num_cached_tokens += out.num_batched_tokens
+    finished = [finish(sched, out.scheduled[i]) for i in finished_at]
+    running = sched.running
+    for i in reversed(finished_at):  # scheduled[i] is running[i]
+        del running[i]
+    sched.num_steps += 1
+    return finished
+
+
+def finish(sched: Scheduler, seq: Sequence) -> FinishedRequest:
+    last = seq.token_ids[-1]
+    reason = FinishReason.STOP if last == seq.eos_token_id else FinishReason.LENGTH
+    sched.num_cached_tokens -= seq.num_computed
+    sched.gpu.free(seq.block_table)
+    if sched.tracks_running:
+        sched.policy.on_leave(seq)
+    seq.status = _FINISHED
+    del sched.requests[seq.request_id]
+    return seq.to_finished(reason)

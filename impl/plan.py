@@ -1,0 +1,31 @@
+"""The step's ``StepPlan``, built from a committed ``SchedulerOutput``.
+
+The plan is columns (``spec.types.StepPlan``): the ids come from the scheduled
+requests, the token counts are ``num_scheduled`` as phases A-C recorded them, and the
+starts and sampled ids are what ``commit`` recorded on its one pass over the chunks.
+So a step costs a few tuples, not an object per request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from impl.scheduler_output import SchedulerOutput
+from spec.types import FinishedRequest, Preemption, StepPlan
+
+
+def make_plan(out: SchedulerOutput, finished: Sequence[FinishedRequest]) -> StepPlan:
+    """The step's ``StepPlan``, after ``commit(out, ...)`` returned ``finished``."""
+    return StepPlan(
+        step=out.step,
+        scheduled_ids=tuple([seq.request_id for seq in out.scheduled]),
+        num_computed_tokens=tuple(out.starts),
+        num_scheduled_tokens=tuple(out.num_scheduled),
+        preempted=tuple(
+            [Preemption(request_id=r.seq.request_id, mode=r.mode) for r in out.preempted]
+        ),
+        swapped_in=tuple([seq.request_id for seq, _ in out.swapped_in]),
+        sampled_ids=tuple(out.sampled_ids),
+        sampled_token_ids=out.sampled_token_ids,
+        finished=tuple(finished),
+    )

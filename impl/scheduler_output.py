@@ -1,0 +1,103 @@
+"""What ``schedule()`` decided, kept as the journal that ``rollback()`` undoes.
+
+A ``SchedulerOutput`` is built by phases A-C (``impl/phases.py``), read by the engine
+(the chunks to run, the blocks to copy), completed by ``commit`` (the plan's columns
+only it knows) and turned into the step's ``StepPlan`` by ``impl/plan.py``; if the
+forward fails, ``impl/rollback.py`` walks it backwards.
+"""
+
+from __future__ import annotations
+
+from impl.sequence import Sequence
+from spec.types import PreemptionMode
+
+
+class PreemptionRecord:
+    """One victim of phase A, with what ``rollback`` needs to put it back."""
+
+    __slots__ = (
+        "dropped_outputs",
+        "gpu_blocks",
+        "mode",
+        "num_computed",
+        "num_scheduled_before",
+        "recomputed_until",
+        "running_index",
+        "seq",
+    )
+
+    def __init__(
+        self,
+        seq: Sequence,
+        mode: PreemptionMode,
+        running_index: int,
+        num_scheduled_before: int,
+        gpu_blocks: list[int],
+    ) -> None:
+        self.seq = seq
+        self.mode = mode  # the mode used: a swap that did not fit reads RECOMPUTE (R6)
+        self.running_index = running_index
+        self.num_scheduled_before = num_scheduled_before
+        self.gpu_blocks = gpu_blocks  # the GPU blocks it held (freed by the preemption)
+        self.num_computed = seq.num_computed
+        self.recomputed_until = seq.recomputed_until
+        self.dropped_outputs: list[int] = []
+
+
+class SchedulerOutput:
+    """What ``schedule()`` decided, and the journal to undo it.
+
+    ``scheduled[k]`` runs ``num_scheduled[k]`` tokens at positions
+    ``scheduled[k].num_computed ..`` (read before ``commit``). Running requests come
+    first, then swapped-in, then admitted, which is also their order in ``running``:
+    ``scheduled == running[:len(scheduled)]`` after ``schedule()``. A chunk samples
+    iff it reaches the request's last token; ``num_samples`` of them do.
+    ``swap_out``/``swap_in`` are the (src, dst) block pairs to copy GPU->CPU and
+    CPU->GPU before the forward (never both in one step: phase B needs a step
+    without preemption).
+    """
+
+    __slots__ = (
+        "num_admitted",
+        "num_batched_tokens",
+        "num_cached_tokens_before",
+        "num_recomputed_tokens",
+        "num_samples",
+        "num_scheduled",
+        "preempted",
+        "sampled_ids",
+        "sampled_token_ids",
+        "scheduled",
+        "starts",
+        "step",
+        "swap_in",
+        "swap_out",
+        "swapped_in",
+    )
+
+    def __init__(self, step: int, num_cached_tokens: int) -> None:
+        self.step = step
+        self.scheduled: list[Sequence] = []
+        self.num_scheduled: list[int] = []
+        self.num_samples = 0
+        self.num_batched_tokens = 0
+        self.preempted: list[PreemptionRecord] = []
+        self.swapped_in: list[tuple[Sequence, list[int]]] = []  # (seq, its CPU blocks)
+        self.num_admitted = 0
+        self.swap_out: list[tuple[int, int]] = []
+        self.swap_in: list[tuple[int, int]] = []
+        self.num_cached_tokens_before = num_cached_tokens
+        self.num_recomputed_tokens = 0  # set by commit
+        # The plan's columns that commit() alone knows, filled by it: each chunk's start
+        # (its request's computed count before the step) and the sampling requests' ids.
+        self.starts: list[int] = []
+        self.sampled_ids: list[str] = []
+        self.sampled_token_ids: tuple[int, ...] = ()
+
+    def samples(self) -> list[Sequence]:
+        """The requests that sample in this step, in plan order (before ``commit``)."""
+        return [
+            seq
+            for seq, n in zip(self.scheduled, self.num_scheduled, strict=True)
+            if seq.num_computed + n == seq.num_tokens
+        ]

@@ -1,0 +1,130 @@
+"""What a run reached and how much it checked: coverage events and throughput.
+
+Each run of a machine (``harness.run_differential``) gets its own ``RunRecord``; the
+machine counts every event it reaches there (and passes it to ``hypothesis.event``)
+and its differential steps, so the test can assert that a ``ci`` run reaches every
+path in ``REQUIRED_EVENTS`` and print the throughput.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final
+
+from spec.types import (
+    DuplicateRequestError,
+    EmptyPromptError,
+    InvalidMaxTokensError,
+    PreemptionMode,
+    RequestTooLargeError,
+    TokenOutOfVocabError,
+    UnknownRequestError,
+)
+from tests.stateful.strategies import BLOCK_SIZES, FAULT_KINDS, POLICY_NAMES
+
+
+@dataclass
+class RunStats:
+    """What one machine's run checked (filled by the machine, timed by the test)."""
+
+    examples: int = 0
+    steps: int = 0  # committed differential steps (rules and drains)
+    drain_steps: int = 0
+    rejected_steps: int = 0  # faulted steps: rolled back and compared
+    cpu_seconds: float = 0.0
+    max_drain_ratio: dict[str, float] = field(default_factory=dict)  # policy -> actual/LIFO bound
+
+    def steps_per_cpu_second(self) -> float:
+        return self.steps / self.cpu_seconds if self.cpu_seconds > 0 else 0.0
+
+
+@dataclass
+class RunRecord:
+    """One run's coverage (event label -> occurrences, over its examples) and stats."""
+
+    coverage: Counter[str] = field(default_factory=Counter)
+    stats: RunStats = field(default_factory=RunStats)
+
+
+def stats_dir() -> Path:
+    """Where each test writes its stats for the terminal summary (tests/stateful/conftest.py)."""
+    path = Path(
+        os.environ.get("KVSCHED_STATEFUL_STATS")
+        or Path(tempfile.gettempdir()) / f"kvsched-stateful-{os.getppid()}"
+    )
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def write_report(machine: str, profile: str, record: RunRecord, missing: Sequence[str]) -> str:
+    """Render (and save, for the terminal summary) the run's coverage and throughput."""
+    stats = record.stats
+    coverage = record.coverage
+    lines = [
+        f"{machine} [{profile}]: {stats.examples} examples, {stats.steps} differential steps "
+        f"({stats.drain_steps} in drains, {stats.rejected_steps} faulted and rolled back) in "
+        f"{stats.cpu_seconds:.1f} CPU s = {stats.steps_per_cpu_second():.0f} steps/CPU-s",
+    ]
+    if stats.max_drain_ratio:
+        ratios = ", ".join(f"{k}={v:.3f}" for k, v in sorted(stats.max_drain_ratio.items()))
+        lines.append(f"  max drain steps / LIFO bound: {ratios}")
+    for label, count in sorted(coverage.items()):
+        lines.append(f"  {count:>8}  {label}")
+    if missing:
+        lines.append(f"  NOT REACHED: {', '.join(missing)}")
+    text = "\n".join(lines)
+    summary = {"machine": machine, "profile": profile, "text": text}
+    (stats_dir() / f"{machine}-{os.getpid()}.json").write_text(json.dumps(summary))
+    return text
+
+
+#: Paths every machine must reach in a ``ci`` (and ``nightly``) run; a subclass adds
+#: its fault kinds.
+REQUIRED_EVENTS: Final = frozenset(
+    {
+        *(f"config: policy={name}" for name in POLICY_NAMES),
+        *(f"config: mode={mode}" for mode in PreemptionMode),
+        *(f"config: block_size={bs}" for bs in BLOCK_SIZES),
+        "config: chunked prefill on",
+        "config: chunked prefill off",
+        *(f"preempt: {mode}" for mode in PreemptionMode),
+        "preempt: swap fell back to recompute (CPU pool full)",
+        "preempt: several victims in one step",
+        "admission held back by a preemption",
+        "swap-in",
+        "chunked prefill: partial chunk",
+        "chunked prefill: last chunk of a resumed prefill",
+        "re-prefill of prompt + kept outputs",
+        "max_num_seqs reached with requests waiting",
+        "finish: stop",
+        "finish: length",
+        "finish: EOS sampled but ignored",
+        "add: with EOS",
+        "add: reused the id of a finished request",
+        "abort: waiting",
+        "abort: waiting after a preemption",
+        "abort: running mid-prefill",
+        "abort: running (decoding)",
+        "abort: swapped",
+        "abort: id of a finished request",
+        *(
+            f"reject: {error.__name__}"
+            for error in (
+                EmptyPromptError,
+                InvalidMaxTokensError,
+                TokenOutOfVocabError,
+                DuplicateRequestError,
+                RequestTooLargeError,
+                UnknownRequestError,
+            )
+        ),
+        "fault: in a step that preempted",
+        *(f"fault: {kind}" for kind in FAULT_KINDS),
+    }
+)

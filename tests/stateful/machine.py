@@ -1,0 +1,138 @@
+"""The differential machine: rules and invariants, and a teardown that drains.
+
+The teardown drains the engine with a derived bound, checks that the state never
+repeats (a livelock), that every accepted request finished and the pools are empty,
+and compares every output with a solo run of its request.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import spec
+from spec.policies import lifo_victim
+from spec.types import FinishReason, SchedulerState
+from tests.stateful.failures import fail, require
+from tests.stateful.invariants import Invariants
+from tests.stateful.rules import Rules
+
+#: Policies the LIFO liveness proof covers (docs/semantics.md, "Why every accepted
+#: request finishes"): ``lifo``, and ``reserve``, whose gate never refuses an empty engine.
+LIFO_PROOF_POLICIES: Final = frozenset({"lifo", "reserve"})
+
+
+def lifo_proof_applies(policy: str) -> bool:
+    """The proof needs LIFO victims; checked on the spec's policy, not just the name."""
+    return policy in LIFO_PROOF_POLICIES and spec.POLICIES[policy].select_victim is lifo_victim
+
+
+ProgressKey = tuple[int, int, tuple[tuple[tuple[int, int, tuple[int, ...]], ...], ...]]
+
+
+def progress_key(state: SchedulerState) -> ProgressKey:
+    """The state without its counters (``num_steps``, each ``num_preemptions``), which no
+    scheduling decision reads: a preemption livelock repeats it, though the counters
+    grow. Requests are named by arrival (unique); prompt and params come with it."""
+    queues = tuple(
+        tuple((r.request.arrival, r.num_computed_tokens, r.output_token_ids) for r in queue)
+        for queue in (state.waiting, state.running, state.swapped)
+    )
+    return state.num_free_gpu_blocks, state.num_free_cpu_blocks, queues
+
+
+class DifferentialMachine(Rules, Invariants):
+    """Rules, invariants and teardown shared by both machines (tests/stateful/base.py).
+
+    A subclass provides the real side (``new_real``, ``real_*``), the tokens the spec
+    is given (``spec_tokens``), solo reference outputs (``solo``) and its faults.
+    """
+
+    # --- teardown: bounded drain, completion, solo outputs -------------------------------------
+
+    def drain_bound(self, state: SchedulerState) -> int:
+        """Steps the drain may take.
+
+        ``lifo``, and ``reserve`` (LIFO victims, a gate that never refuses an empty
+        engine: docs/semantics.md): ``spec.drain_step_bound``, proven in spec.liveness.
+        Other policies may preempt the head of ``running``, so that proof does not carry
+        over; they get a documented generous bound, ``(n + 1) * lifo_bound + n`` for
+        ``n`` live requests (as if every request could lose all its progress once per
+        other request), and the run records the largest ratio actually seen
+        (docs/stateful-testing.md).
+        """
+        bound = spec.drain_step_bound(state)
+        if lifo_proof_applies(state.config.policy):
+            return bound
+        n = spec.num_unfinished_requests(state)
+        return (n + 1) * bound + n
+
+    def teardown(self) -> None:
+        if not self.ready or not self.settled:
+            return  # a rule failed: report that, not a drain of a diverged state
+        start = self.spec.state
+        bound = self.drain_bound(start)
+        lifo_bound = spec.drain_step_bound(start)
+        seen: set[ProgressKey] = set()
+        steps = 0
+        while spec.has_unfinished_requests(self.spec.state):
+            if steps >= bound:
+                fail(
+                    "drain_bound",
+                    f"{spec.num_unfinished_requests(self.spec.state)} requests still live "
+                    f"after {steps} drain steps (bound {bound}, policy {self.config.policy})",
+                )
+            if self.do_step() is None:
+                continue  # an armed fault fired: rolled back, retried (each fires once)
+            steps += 1
+            self.record.stats.drain_steps += 1
+            # The state modulo its counters, and the token function, determine every
+            # later step: a repeat is a livelock, whatever the bound says.
+            key = progress_key(self.spec.state)
+            if key in seen:
+                fail("no_livelock", f"state repeats after {steps} drain steps")
+            seen.add(key)
+        if self.config.policy != "lifo" and lifo_bound > 0:  # the ratio for the others
+            policy = self.config.policy
+            ratio = steps / lifo_bound
+            self.record.stats.max_drain_ratio[policy] = max(
+                self.record.stats.max_drain_ratio.get(policy, 0.0), ratio
+            )
+            if ratio > 1:
+                self.note(f"drain: {policy} exceeded the LIFO bound")
+        self.check_drained()
+        self.target(float(self.preemptions), "preemptions")
+        self.target(float(self.peak_gpu_used) / self.config.num_gpu_blocks, "peak GPU use")
+        self.target(float(self.peak_swapped), "peak swapped requests")
+        self.target(float(steps), "drain steps")
+
+    def check_drained(self) -> None:
+        missing = sorted(
+            (a.request_id, arrival)
+            for arrival, a in self.accepted.items()
+            if arrival not in self.outcomes
+        )
+        require(not missing, "all_finished", lambda: f"accepted but never finished: {missing}")
+        scheduler = self.real_scheduler()
+        require(
+            not scheduler.has_unfinished_requests()
+            and scheduler.gpu.num_free_blocks == scheduler.gpu.num_blocks
+            and scheduler.cpu.num_free_blocks == scheduler.cpu.num_blocks,
+            "pools_empty_after_drain",
+            f"GPU free {scheduler.gpu.num_free_blocks}/{scheduler.gpu.num_blocks}, CPU free "
+            f"{scheduler.cpu.num_free_blocks}/{scheduler.cpu.num_blocks}, "
+            f"{scheduler.num_unfinished_requests} live",
+        )
+        for arrival, finished in sorted(self.outcomes.items()):
+            accepted = self.accepted[arrival]
+            solo = self.solo(accepted.prompt, accepted.params)
+            outputs = finished.output_token_ids
+            if finished.finish_reason is FinishReason.ABORTED:
+                ok = outputs == solo[: len(outputs)]
+            else:
+                ok = outputs == solo
+            if not ok:
+                fail(
+                    "outputs_match_solo",
+                    f"{accepted.request_id!r} ({finished.finish_reason}, "
+                    f"{finished.num_preemptions} preemptions) produced {outputs}, alone {solo}",
+                )

@@ -1,0 +1,121 @@
+"""One differential step: both sides step, and their plans and states must agree."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import spec
+from spec.types import PreemptionMode, SampledTokensError, SchedulerState, StepPlan
+from tests.stateful.base import MachineBase
+from tests.stateful.diffs import DECISIONS, plan_diff, state_diff
+from tests.stateful.failures import InjectedFault, InvariantViolation, fail, require
+
+
+class Stepping(MachineBase):
+    # --- a differential step ----------------------------------------------------------------
+
+    def do_step(self) -> StepPlan | None:
+        """One step on both sides: its plan, or None if an injected fault rolled it back."""
+        before = self.spec.state
+        mid, draft = self.spec.schedule()
+        snapshot = self.fault_snapshot()
+        try:
+            plan = self.real_step()
+        except InjectedFault:
+            observed = self.real_observe()
+            require(
+                observed == before,
+                "fault_rolls_back",
+                lambda: f"after a failed step {before.num_steps}: {state_diff(observed, before)}",
+            )
+            for invariant, value in self.fault_snapshot().items():
+                require(
+                    value == snapshot[invariant],
+                    invariant,
+                    lambda: f"after a failed step {before.num_steps}: changed",
+                )
+            self.faults_fired += 1
+            self.record.stats.rejected_steps += 1
+            if draft.preempted:
+                self.note("fault: in a step that preempted")
+            if any(p.mode is PreemptionMode.SWAP for p in draft.preempted):
+                self.note("fault: in a step that swapped out")
+            if draft.swapped_in:
+                self.note("fault: in a step that swapped in")
+            return None
+        except InvariantViolation:
+            raise
+        except Exception as error:
+            raise InvariantViolation(
+                "no_crash", f"step {before.num_steps}: the real side raised {error!r}"
+            ) from error
+        decided = replace(plan, sampled_ids=(), sampled_token_ids=(), finished=())
+        require(
+            decided == draft,
+            "plan_matches_spec",
+            lambda: f"step {before.num_steps}: {plan_diff(plan, draft, DECISIONS)}",
+        )
+        tokens = self.spec_tokens(mid, draft, plan)
+        try:
+            reference = self.spec.commit(mid, draft, tokens)
+        except SampledTokensError as error:
+            raise InvariantViolation("plan_matches_spec", str(error)) from error
+        require(
+            plan == reference,
+            "plan_matches_spec",
+            lambda: f"step {before.num_steps}: {plan_diff(plan, reference)}",
+        )
+        after = self.spec.state
+        violations = spec.plan_violations(before, plan, after)
+        if violations:
+            fail("plan_valid", f"step {before.num_steps}: {'; '.join(violations)}")
+        require(
+            bool(plan.scheduled or plan.preempted) or not spec.has_unfinished_requests(before),
+            "step_progress",
+            lambda: f"step {before.num_steps} did nothing with requests live",
+        )
+        self.after_step(mid, plan)
+        self.record_step(before, mid, plan)
+        return plan
+
+    def record_step(self, before: SchedulerState, mid: SchedulerState, plan: StepPlan) -> None:
+        config = self.config
+        self.record.stats.steps += 1
+        index = {r.request_id: r for r in (*before.waiting, *before.running, *before.swapped)}
+        for preemption in plan.preempted:
+            self.preemptions += 1
+            self.note(f"preempt: {preemption.mode}")
+            if (
+                config.preemption_mode is PreemptionMode.SWAP
+                and preemption.mode is PreemptionMode.RECOMPUTE
+            ):
+                self.note("preempt: swap fell back to recompute (CPU pool full)")
+        if len(plan.preempted) > 1:
+            self.note("preempt: several victims in one step")
+        if plan.preempted and before.waiting:
+            self.note("admission held back by a preemption")
+        if plan.swapped_in:
+            self.note("swap-in")
+        for chunk in plan.scheduled:
+            request = index[chunk.request_id]
+            if chunk.start + chunk.num_tokens < request.num_tokens:
+                self.note("chunked prefill: partial chunk")
+            elif chunk.start > 0 and chunk.num_tokens > 1:
+                self.note("chunked prefill: last chunk of a resumed prefill")
+            if chunk.start == 0 and request.output_token_ids and chunk.num_tokens > 1:
+                self.note("re-prefill of prompt + kept outputs")
+        by_id = {r.request_id: r for r in mid.running}
+        for sampled in plan.sampled:
+            params = by_id[sampled.request_id].request.params
+            if params.ignore_eos and sampled.token_id == params.eos_token_id:
+                self.note("finish: EOS sampled but ignored")
+        for finished in plan.finished:
+            self.note(f"finish: {finished.finish_reason}")
+            self.record_outcome(by_id[finished.request_id].request.arrival, finished)
+        after = self.spec.state
+        if len(after.running) == config.max_num_seqs and after.waiting:
+            self.note("max_num_seqs reached with requests waiting")
+        self.peak_gpu_used = max(
+            self.peak_gpu_used, config.num_gpu_blocks - after.num_free_gpu_blocks
+        )
+        self.peak_swapped = max(self.peak_swapped, len(after.swapped))

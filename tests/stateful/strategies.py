@@ -1,0 +1,126 @@
+"""What the rules draw: configurations, requests (good and bad) and faults."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+from hypothesis import strategies as st
+
+import spec
+from spec.types import PreemptionMode, SchedulerConfig
+
+BLOCK_SIZES: Final = (1, 2, 4, 16)
+POLICY_NAMES: Final = tuple(sorted(spec.POLICIES))
+
+
+@st.composite
+def engine_configs(draw: st.DrawFn) -> SchedulerConfig:
+    """Small pools so preemption really happens; every mode, policy and block size.
+
+    The GPU pool holds 8-64 tokens (at least two blocks); swap mode (drawn half the
+    time) gets a CPU pool from none (every swap falls back to recompute) through too
+    small to twice the GPU pool.
+    """
+    block_size = draw(st.sampled_from(BLOCK_SIZES))
+    gpu_tokens = draw(st.integers(8, 64))
+    num_gpu_blocks = max(2, gpu_tokens // block_size)  # 16 x 1 block: no two requests fit
+    # Swap mode drawn twice as often: it has the most paths (swap-out, fallback, swap-in).
+    mode = draw(st.sampled_from((*PreemptionMode, PreemptionMode.SWAP)))
+    if mode is PreemptionMode.SWAP:
+        num_cpu_blocks = draw(st.integers(0, 2 * num_gpu_blocks))
+    else:
+        num_cpu_blocks = draw(st.sampled_from((0, num_gpu_blocks)))  # unused: must not matter
+    max_num_batched_tokens = draw(st.integers(1, 64))
+    # 1 (no two requests run together: no preemption) last, as the rare case.
+    max_num_seqs = draw(st.sampled_from((2, 3, 4, 6, 8, 1)))
+    enable_chunked_prefill = draw(st.booleans())
+    policy = draw(st.sampled_from(POLICY_NAMES))
+    # Built through st.builds of constants (which draw nothing, so the examples are
+    # unchanged): a failing run then prints the config as the call that makes it, the
+    # mode as ``PreemptionMode('swap')``, a program that can be pasted into a test.
+    return draw(
+        st.builds(
+            SchedulerConfig,
+            num_gpu_blocks=st.just(num_gpu_blocks),
+            block_size=st.just(block_size),
+            max_num_batched_tokens=st.just(max_num_batched_tokens),
+            max_num_seqs=st.just(max_num_seqs),
+            enable_chunked_prefill=st.just(enable_chunked_prefill),
+            preemption_mode=st.builds(PreemptionMode, st.just(mode.value)),
+            num_cpu_blocks=st.just(num_cpu_blocks),
+            policy=st.just(policy),
+        )
+    )
+
+
+@dataclass(frozen=True)
+class NewRequest:
+    """A request to add, in sizes; the machine derives its tokens from ``salt``.
+
+    Unless ``oversize``, the sizes are clamped so the request fits the configuration
+    (R4), so most requests are accepted and put the pools under pressure. ``eos``
+    picks the EOS token among the request's own solo outputs, so EOS is really hit.
+    """
+
+    prompt_len: int
+    max_tokens: int
+    oversize: bool = False
+    salt: int = 0
+    eos: int | None = None
+    ignore_eos: bool = False
+    priority: int = 0
+    temperature: float = 0.0
+
+
+#: temperature 0.8 draws with the request's seed (the engine's sampler is a function of
+#: seed, output index and logits, so a solo run reproduces it; the toy ignores it).
+NEW_REQUESTS: Final = st.builds(
+    NewRequest,
+    prompt_len=st.integers(1, 8) | st.integers(1, 48),
+    max_tokens=st.integers(1, 24),
+    oversize=st.sampled_from((False, False, False, True)),
+    salt=st.integers(0, 2**16),
+    eos=st.none() | st.integers(0, 24),
+    ignore_eos=st.sampled_from((False, False, False, True)),
+    priority=st.integers(0, 3),
+    temperature=st.sampled_from((0.0, 0.0, 0.8)),
+)
+
+
+#: The load a fresh engine starts with.
+INITIAL_REQUESTS: Final = st.lists(NEW_REQUESTS, min_size=1, max_size=8)
+
+
+@dataclass(frozen=True)
+class BadRequest:
+    """A request with one or more R4 defects; the first in R4's order must be raised."""
+
+    empty: bool = False
+    zero_max_tokens: bool = False
+    out_of_vocab: bool = False
+    duplicate: bool = False
+    too_large: bool = False
+    oov_high: bool = False  # the bad token is vocab_size (else -1)
+    salt: int = 0
+
+
+def _has_defect(bad: BadRequest) -> bool:
+    return bad.empty or bad.zero_max_tokens or bad.out_of_vocab or bad.duplicate or bad.too_large
+
+
+BAD_REQUESTS: Final = st.builds(
+    BadRequest,
+    empty=st.booleans(),
+    zero_max_tokens=st.booleans(),
+    out_of_vocab=st.booleans(),
+    duplicate=st.booleans(),
+    too_large=st.booleans(),
+    oov_high=st.booleans(),
+    salt=st.integers(0, 2**16),
+).filter(_has_defect)
+
+
+#: Faults a rule can arm: the next forward raises before running, or after writing K/V
+#: into the cache; the next swap-out / swap-in copy raises.
+FAULT_KINDS: Final = ("forward", "forward after KV write", "swap-out copy", "swap-in copy")
