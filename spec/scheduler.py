@@ -316,7 +316,7 @@ def schedule_running(draft: StepDraft) -> StepDraft:
                 to_swapped.append(after)
             else:
                 to_waiting.append(after)
-            if k == i:
+            if victim is request:
                 phase_over = True
                 break
         if not phase_over:
