@@ -207,7 +207,8 @@ def main() -> int:
             examples[kind] = example
     seconds = time.perf_counter() - started
     print(
-        f"{args.peer} under {semantics}: {args.runs} runs, {agree} agree, {steps} steps, {seconds:.0f} s"
+        f"{args.peer} under {semantics}: {args.runs} runs, {agree} agree, {steps} steps, "
+        f"{seconds:.0f} s"
     )
     for kind, count in kinds.most_common():
         print(f"{count:5d}  {kind}")
