@@ -80,7 +80,7 @@ def draw(
     if fit:
         blocks, chunked = max(blocks, need), True
         if nano:  # no chunked prefill: a recompute re-prefills P + M - 1 in one step (R4)
-            budget = max(budget, max(len(r.prompt) + r.params.max_tokens - 1 for r in workload))
+            budget = max(budget, *(len(r.prompt) + r.params.max_tokens - 1 for r in workload))
     config = SchedulerConfig(
         num_gpu_blocks=blocks,
         block_size=block_size,
