@@ -137,6 +137,15 @@ def run_with_aborts(
     return LockstepReport(lock.steps, len(workload), lock.rejected, lock.preemptions, divergence)
 
 
+def keeps_victim(divergence: Divergence) -> bool:
+    """The peer's state has a request in both ``running`` and ``waiting`` (N5)."""
+    observed = divergence.engine_state
+    if observed is None:
+        return False
+    waiting = {r.request_id for r in observed.state.waiting}
+    return any(r.request_id in waiting for r in observed.state.running)
+
+
 def command(peer: str, path: Path, c: SchedulerConfig) -> str:
     return (
         f"kvsched conform --engine {peer} {path} --num-gpu-blocks {c.num_gpu_blocks} "
@@ -203,6 +212,8 @@ def main() -> int:
             agree += 1
             continue
         kind = re.sub(r"\[\d+\]", "[i]", re.sub(r"\('r\d+'\)", "(...)", report.divergence.field))
+        if keeps_victim(report.divergence):
+            kind = f"N5 (a victim also left in running: the fork's bug) at {kind}"
         kinds[kind] += 1
         if kind not in examples:
             example = f"seed {args.seed + k}: {report.divergence}"
