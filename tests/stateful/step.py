@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import replace
 
 import spec
-from spec.types import PreemptionMode, SampledTokensError, SchedulerState, StepPlan
+from spec.types import (
+    PreemptionMode,
+    SampledTokensError,
+    SchedulerConfig,
+    SchedulerState,
+    StepPlan,
+)
 from tests.stateful.base import MachineBase
 from tests.stateful.diffs import DECISIONS, plan_diff, state_diff
 from tests.stateful.failures import InjectedFault, InvariantViolation, fail, require
@@ -80,42 +87,52 @@ class Stepping(MachineBase):
 
     def record_step(self, before: SchedulerState, mid: SchedulerState, plan: StepPlan) -> None:
         config = self.config
-        self.record.stats.steps += 1
-        index = {r.request_id: r for r in (*before.waiting, *before.running, *before.swapped)}
-        for preemption in plan.preempted:
-            self.preemptions += 1
-            self.note(f"preempt: {preemption.mode}")
-            if (
-                config.preemption_mode is PreemptionMode.SWAP
-                and preemption.mode is PreemptionMode.RECOMPUTE
-            ):
-                self.note("preempt: swap fell back to recompute (CPU pool full)")
-        if len(plan.preempted) > 1:
-            self.note("preempt: several victims in one step")
-        if plan.preempted and before.waiting:
-            self.note("admission held back by a preemption")
-        if plan.swapped_in:
-            self.note("swap-in")
-        for chunk in plan.scheduled:
-            request = index[chunk.request_id]
-            if chunk.start + chunk.num_tokens < request.num_tokens:
-                self.note("chunked prefill: partial chunk")
-            elif chunk.start > 0 and chunk.num_tokens > 1:
-                self.note("chunked prefill: last chunk of a resumed prefill")
-            if chunk.start == 0 and request.output_token_ids and chunk.num_tokens > 1:
-                self.note("re-prefill of prompt + kept outputs")
-        by_id = {r.request_id: r for r in mid.running}
-        for sampled in plan.sampled:
-            params = by_id[sampled.request_id].request.params
-            if params.ignore_eos and sampled.token_id == params.eos_token_id:
-                self.note("finish: EOS sampled but ignored")
-        for finished in plan.finished:
-            self.note(f"finish: {finished.finish_reason}")
-            self.record_outcome(by_id[finished.request_id].request.arrival, finished)
         after = self.spec.state
-        if len(after.running) == config.max_num_seqs and after.waiting:
-            self.note("max_num_seqs reached with requests waiting")
+        self.record.stats.steps += 1
+        self.preemptions += len(plan.preempted)
+        for label in step_events(config, before, plan, after):
+            self.note(label)
+        by_id = {r.request_id: r for r in mid.running}
+        for finished in plan.finished:
+            self.record_outcome(by_id[finished.request_id].request.arrival, finished)
         self.peak_gpu_used = max(
             self.peak_gpu_used, config.num_gpu_blocks - after.num_free_gpu_blocks
         )
         self.peak_swapped = max(self.peak_swapped, len(after.swapped))
+
+
+def step_events(
+    config: SchedulerConfig, before: SchedulerState, plan: StepPlan, after: SchedulerState
+) -> Iterator[str]:
+    """The coverage events of one step (``before`` it, its ``plan``, the state ``after``),
+    shared by the differential machines and the peer machines (tests/peers)."""
+    index = {r.request_id: r for r in (*before.waiting, *before.running, *before.swapped)}
+    for preemption in plan.preempted:
+        yield f"preempt: {preemption.mode}"
+        if (
+            config.preemption_mode is PreemptionMode.SWAP
+            and preemption.mode is PreemptionMode.RECOMPUTE
+        ):
+            yield "preempt: swap fell back to recompute (CPU pool full)"
+    if len(plan.preempted) > 1:
+        yield "preempt: several victims in one step"
+    if plan.preempted and before.waiting:
+        yield "admission held back by a preemption"
+    if plan.swapped_in:
+        yield "swap-in"
+    for chunk in plan.scheduled:
+        request = index[chunk.request_id]
+        if chunk.start + chunk.num_tokens < request.num_tokens:
+            yield "chunked prefill: partial chunk"
+        elif chunk.start > 0 and chunk.num_tokens > 1:
+            yield "chunked prefill: last chunk of a resumed prefill"
+        if chunk.start == 0 and request.output_token_ids and chunk.num_tokens > 1:
+            yield "re-prefill of prompt + kept outputs"
+    for sampled in plan.sampled:
+        params = index[sampled.request_id].request.params
+        if params.ignore_eos and sampled.token_id == params.eos_token_id:
+            yield "finish: EOS sampled but ignored"
+    for finished in plan.finished:
+        yield f"finish: {finished.finish_reason}"
+    if len(after.running) == config.max_num_seqs and after.waiting:
+        yield "max_num_seqs reached with requests waiting"

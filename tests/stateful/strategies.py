@@ -88,6 +88,26 @@ NEW_REQUESTS: Final = st.builds(
 )
 
 
+def fit_sizes(config: SchedulerConfig, req: NewRequest) -> tuple[int, int]:
+    """``(prompt_len, max_tokens)`` of a drawn request, clamped so that R4 accepts it
+    under ``config`` unless ``oversize``."""
+    prompt_len, max_tokens = req.prompt_len, req.max_tokens
+    if req.oversize:
+        return prompt_len, max_tokens
+    cap = config.num_gpu_blocks * config.block_size  # L = P + M - 1 <= cap (R4)
+    if not config.enable_chunked_prefill:
+        if config.preemption_mode is PreemptionMode.RESTART:
+            prompt_len = min(prompt_len, config.max_num_batched_tokens)
+        else:
+            cap = min(cap, config.max_num_batched_tokens)
+    if prompt_len + max_tokens - 1 > cap:
+        # Scale both down, keeping the output share: decodes that grow past the pool
+        # are what forces preemptions (a pool-sized prompt with one output never grows).
+        prompt_len = max(1, prompt_len * cap // (prompt_len + max_tokens))
+        max_tokens = min(max_tokens, cap - prompt_len + 1)
+    return prompt_len, max_tokens
+
+
 #: The load a fresh engine starts with.
 INITIAL_REQUESTS: Final = st.lists(NEW_REQUESTS, min_size=1, max_size=8)
 
