@@ -25,8 +25,8 @@ A divergence fails the example with ``describe``'s report, and Hypothesis shrink
 a minimal program, unless it is the signature of a known peer bug
 (``kvsched.peers.known``): then the example ends there, counted as the event
 ``known peer bug: <id>`` (never silently). The teardown drains within
-``spec.drain_step_bound`` (vLLM under ``lifo``: LIFO victims) or the suite's derived
-bound, and a state that repeats is a livelock: either is a failure of the peer.
+``spec.drain_step_bound`` (under ``lifo``; it covers both profiles) or the suite's derived
+bound (``priority``), and a state that repeats is a livelock: either is a failure of the peer.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ from hypothesis.stateful import (
 )
 
 import spec
-from kvsched.peers import make_peer
+from kvsched.peers import PROFILES, make_peer
 from kvsched.peers.known import KnownBug, classify
 from kvsched.peers.lockstep import Diverged, Lockstep, describe
 from spec.oracle import HashOracle
@@ -60,7 +60,6 @@ from tests.stateful.rules import abort_label, find_live
 from tests.stateful.step import step_events
 from tests.stateful.strategies import (
     BLOCK_SIZES,
-    INITIAL_REQUESTS,
     NEW_REQUESTS,
     NewRequest,
     fit_sizes,
@@ -73,6 +72,13 @@ ORACLE: Final = HashOracle(vocab_size=VOCAB, salt=11)
 #: nano-vllm: each request's first token, ``FIRST_TOKEN + n`` for the n-th request of
 #: the example, outside the oracle's range (no prefix-cache hit, N7).
 FIRST_TOKEN: Final = 10_000
+
+
+#: The suite's requests, fitting the configuration (R4); ``add_oversize`` draws the
+#: others, in a rule of their own: an oversize request meets nano-vllm's N2/N6 at once,
+#: which ends the example, and a quarter of all requests would end most examples.
+FITTING: Final = NEW_REQUESTS.map(lambda req: replace(req, oversize=False))
+OVERSIZE: Final = NEW_REQUESTS.map(lambda req: replace(req, oversize=True))
 
 
 @st.composite
@@ -94,6 +100,7 @@ def peer_configs(draw: st.DrawFn, peer: str) -> SchedulerConfig:
         enable_chunked_prefill=False if nano else draw(st.booleans()),
         preemption_mode=PreemptionMode.RECOMPUTE,
         policy="lifo" if nano else draw(st.sampled_from(("lifo", "priority"))),
+        semantics=PROFILES[peer],
     )
 
 
@@ -103,7 +110,6 @@ REQUIRED_NANO: Final = frozenset(
         *(f"config: block_size={bs}" for bs in BLOCK_SIZES if bs >= 2),
         "config: max_num_seqs=1",
         "preempt: recompute",
-        "preempt: several victims in one step",
         "re-prefill of prompt + kept outputs",
         "max_num_seqs reached with requests waiting",
         "finish: stop",
@@ -117,7 +123,10 @@ REQUIRED_NANO: Final = frozenset(
         "abort: running (decoding)",
     }
 )
+#: nano-vllm never shows several victims in one step: N5 ends the example at its first
+#: preempting step (the victim stays in ``running``) before the step's events count.
 REQUIRED_VLLM: Final = REQUIRED_NANO | {
+    "preempt: several victims in one step",
     "config: block_size=1",
     "config: chunked prefill on",
     "config: chunked prefill off",
@@ -146,7 +155,7 @@ class PeerMachine(RecordedMachine):
         target=REQUESTS,
         config=st.runner().flatmap(lambda machine: peer_configs(machine.PEER)),
         eos=st.integers(0, VOCAB - 1),
-        initial=INITIAL_REQUESTS,
+        initial=st.lists(FITTING, min_size=1, max_size=8),
     )
     @checked
     def init_peer(
@@ -155,7 +164,7 @@ class PeerMachine(RecordedMachine):
         self.config = config
         self.eos = eos
         peer = make_peer(self.PEER, config, eos_token_id=eos)
-        self.lock = Lockstep(peer, config, ORACLE, semantics=peer.semantics)
+        self.lock = Lockstep(peer, config, ORACLE)
         self.ready = True
         self.record.stats.examples += 1
         self.note(f"config: policy={config.policy}")
@@ -239,19 +248,26 @@ class PeerMachine(RecordedMachine):
     # --- rules ------------------------------------------------------------------------------
 
     @precondition(lambda self: self.running())
-    @rule(target=REQUESTS, req=NEW_REQUESTS)
+    @rule(target=REQUESTS, req=FITTING)
     @checked
     def add_request(self, req: NewRequest) -> MultipleResults[str]:
         return self.add_requests([req])
 
     @precondition(lambda self: self.running())
-    @rule(target=REQUESTS, reqs=st.lists(NEW_REQUESTS, min_size=2, max_size=6))
+    @rule(target=REQUESTS, req=OVERSIZE)
+    @checked
+    def add_oversize(self, req: NewRequest) -> MultipleResults[str]:
+        """A request the suite does not clamp to fit: R4 (or vllm-v1/max-model-len)."""
+        return self.add_requests([req])
+
+    @precondition(lambda self: self.running())
+    @rule(target=REQUESTS, reqs=st.lists(FITTING, min_size=2, max_size=6))
     @checked
     def add_burst(self, reqs: list[NewRequest]) -> MultipleResults[str]:
         return self.add_requests(reqs)
 
     @precondition(lambda self: self.running())
-    @rule(target=REQUESTS, req=NEW_REQUESTS, copies=st.integers(2, 6))
+    @rule(target=REQUESTS, req=FITTING, copies=st.integers(2, 6))
     @checked
     def add_identical(self, req: NewRequest, copies: int) -> MultipleResults[str]:
         """The same request several times: exact ties for the scheduler (nano-vllm:
@@ -266,7 +282,7 @@ class PeerMachine(RecordedMachine):
         return multiple(*accepted)
 
     @precondition(lambda self: self.running())
-    @rule(request_id=REQUESTS, req=NEW_REQUESTS)
+    @rule(request_id=REQUESTS, req=FITTING)
     @checked
     def add_with_used_id(self, request_id: str, req: NewRequest) -> None:
         """Reuse the id of a finished or aborted request (a live id is a duplicate, which
