@@ -30,6 +30,7 @@ from pathlib import Path
 
 from kvsched.errors import DrainError
 from kvsched.peers import PROFILES, PeerUnsupportedError, common_eos, make_peer
+from kvsched.peers.known import classify
 from kvsched.peers.lockstep import Diverged, Divergence, Lockstep, LockstepReport, run_workload
 from kvsched.peers.ours import SchedulerAdapter
 from kvsched.peers.protocol import SchedulerUnderTest
@@ -196,6 +197,9 @@ def main() -> int:
             agree += 1
             continue
         kind = re.sub(r"\[\d+\]", "[i]", re.sub(r"\('r\d+'\)", "(...)", report.divergence.field))
+        bug = classify(args.peer, report.divergence)
+        if bug is not None:
+            kind = f"known peer bug {bug.id}: {kind}"
         kinds[kind] += 1
         if kind not in examples:
             example = f"seed {args.seed + k}: {report.divergence}"
