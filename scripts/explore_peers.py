@@ -100,18 +100,28 @@ def run_with_aborts(
     p_abort: float,
 ) -> LockstepReport:
     """Like ``run_workload``, plus: before each step, with probability ``p_abort``, abort
-    a random live request (waiting, running or preempted), and re-add its id later."""
+    a random live request (waiting, running or preempted) not aborted before, and
+    re-add its id later."""
     lock = Lockstep(peer, config, HashOracle(vocab_size=ORACLE_VOCAB))
     pending = sorted(workload, key=lambda r: r.arrival_step)
+    aborted: set[str] = set()
     divergence: Divergence | None = None
     try:
         while pending or lock.unfinished():
             while pending and pending[0].arrival_step <= lock.steps:
                 r = pending.pop(0)
                 lock.add(r.request_id, r.prompt, r.params)
-            live = [r for q in (lock.state.waiting, lock.state.running) for r in q]
+            # Each id is aborted once: aborting re-added requests again and again can
+            # keep a run from ever draining (one live request, aborted every few steps).
+            live = [
+                r
+                for q in (lock.state.waiting, lock.state.running)
+                for r in q
+                if r.request_id not in aborted
+            ]
             if live and rng.random() < p_abort:
                 victim = rng.choice(live)
+                aborted.add(victim.request_id)
                 lock.abort(victim.request_id)
                 pending.append(
                     WorkloadRequest(

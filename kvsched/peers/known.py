@@ -37,9 +37,9 @@ N2_N6 = KnownBug(
     "nano-vllm",
     "nano-vllm-fork",
     "20260210",
-    "a request that can never be scheduled (never fits the pool, or longer than the "
-    "budget) is accepted; at the waiting head with nothing running, schedule() fails "
-    "`assert scheduled_seqs`",
+    "a request R4 refuses is accepted (it never fits the pool, or its prompt, or its "
+    "prompt plus outputs re-prefilled after a preemption, is longer than the budget); "
+    "at the waiting head with nothing running, schedule() fails `assert scheduled_seqs`",
 )
 KNOWN_BUGS = (N5, N2_N6)
 

@@ -10,6 +10,8 @@ machines classify it by.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from kvsched.peers import make_peer
@@ -19,14 +21,21 @@ from kvsched.peers.protocol import PeerFailure
 from kvsched.workload import WorkloadRequest
 from spec.oracle import HashOracle
 from spec.types import InvalidRequestError, SamplingParams, SchedulerConfig, Semantics
+from tests.cli.helpers import Invoke
 from tests.peers.conftest import require_peer
 
 ORACLE = HashOracle(vocab_size=8)
 PARAMS = SamplingParams(max_tokens=2, ignore_eos=True)
 
 
-def nano_config(**fields: int) -> SchedulerConfig:
-    return SchedulerConfig(enable_chunked_prefill=False, semantics=Semantics.NANO_VLLM, **fields)
+def nano_config(fields: dict[str, int]) -> SchedulerConfig:
+    return SchedulerConfig(
+        num_gpu_blocks=fields["num_gpu_blocks"],
+        block_size=fields["block_size"],
+        max_num_batched_tokens=fields.get("max_num_batched_tokens", 2048),
+        enable_chunked_prefill=False,
+        semantics=Semantics.NANO_VLLM,
+    )
 
 
 def on_pinned_version(bug: KnownBug) -> pytest.MarkDecorator:
@@ -58,7 +67,7 @@ NEVER_SCHEDULED = {
 @on_pinned_version(N5)
 def test_n5_a_preempted_victim_leaves_running() -> None:
     require_peer("nano-vllm")
-    peer = make_peer("nano-vllm", nano_config(**N5_CONFIG))
+    peer = make_peer("nano-vllm", nano_config(N5_CONFIG))
     for r in N5_WORKLOAD:
         peer.add_request(r.request_id, r.prompt, r.params)
     preempted = False
@@ -75,7 +84,7 @@ def test_n5_a_preempted_victim_leaves_running() -> None:
 def test_n2_n6_a_request_that_can_never_run_is_refused_or_harmless(case: str) -> None:
     require_peer("nano-vllm")
     fields, prompt = NEVER_SCHEDULED[case]
-    peer = make_peer("nano-vllm", nano_config(**fields))
+    peer = make_peer("nano-vllm", nano_config(fields))
     try:
         peer.add_request("r0", prompt, PARAMS)
     except InvalidRequestError:
@@ -86,11 +95,11 @@ def test_n2_n6_a_request_that_can_never_run_is_refused_or_harmless(case: str) ->
 @pytest.mark.parametrize(
     ("bug", "config", "workload"),
     [
-        (N5, nano_config(**N5_CONFIG), N5_WORKLOAD),
+        (N5, nano_config(N5_CONFIG), N5_WORKLOAD),
         *(
             (
                 N2_N6,
-                nano_config(**fields),
+                nano_config(fields),
                 [WorkloadRequest(request_id="r0", prompt=prompt, params=PARAMS)],
             )
             for fields, prompt in NEVER_SCHEDULED.values()
@@ -108,3 +117,17 @@ def test_the_machines_recognise_the_bug(
     report = run_workload(make_peer("nano-vllm", config), config, workload, ORACLE)
     assert report.divergence is not None
     assert classify("nano-vllm", report.divergence) is bug, report.divergence
+
+
+def test_conform_names_a_known_peer_bug(invoke: Invoke) -> None:
+    require_peer("nano-vllm")
+    if installed_version(N5) != N5.version:
+        pytest.skip(f"N5 is pinned to {N5.distribution} {N5.version}")
+    repro = Path(__file__).parent / "repros" / "running_keeps_victim.jsonl"
+    result = invoke(
+        "conform", "--engine", "nano-vllm", str(repro), "--num-gpu-blocks", "2",
+        "--block-size", "2", "--no-enable-chunked-prefill",
+    )  # fmt: skip
+    lines = result.out.splitlines()
+    assert result.code == 1 and lines[0].startswith("conform: DIVERGED at step 1: state.running")
+    assert lines[1].startswith("  known peer bug N5 in nano-vllm-fork 20260210 (docs/peers.md): ")
