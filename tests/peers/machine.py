@@ -57,7 +57,7 @@ from tests.stateful.base import REQUESTS, RecordedMachine, checked
 from tests.stateful.failures import fail
 from tests.stateful.machine import ProgressKey, drain_bound, progress_key
 from tests.stateful.rules import abort_label, find_live
-from tests.stateful.step import step_events
+from tests.stateful.step import profile_events, step_events
 from tests.stateful.strategies import (
     BLOCK_SIZES,
     NEW_REQUESTS,
@@ -121,11 +121,19 @@ REQUIRED_NANO: Final = frozenset(
         "abort: waiting",
         "abort: waiting after a preemption",
         "abort: running (decoding)",
+        # Each rule of the profile made a difference against the real peer.
+        "nano-vllm/prefill-first: a prefill-only step with requests running",
+        "nano-vllm/decode-unbudgeted: a decode step over the token budget",
+        "nano-vllm/victim-next: a victim lifo would not have chosen",
+        "nano-vllm/seq-limit-per-step: more than max_num_seqs running",
     }
 )
 #: nano-vllm never shows several victims in one step: N5 ends the example at its first
 #: preempting step (the victim stays in ``running``) before the step's events count.
-REQUIRED_VLLM: Final = REQUIRED_NANO | {
+REQUIRED_VLLM: Final = {e for e in REQUIRED_NANO if not e.startswith("nano-vllm/")} | {
+    "vllm-v1/max-model-len: length at max_model_len",
+    "vllm-v1/priority-victim-any-running: a scheduled victim's chunk undone",
+    "vllm-v1/full-sequence-admission: the gate held a request back",
     "preempt: several victims in one step",
     "config: block_size=1",
     "config: chunked prefill on",
@@ -239,6 +247,10 @@ class PeerMachine(RecordedMachine):
         plan = self.lock.step()
         self.record.stats.steps += 1
         for label in step_events(self.config, before, plan, self.lock.state):
+            self.note(label)
+        # The decisions again (pure), for the events of the profile rules they used.
+        mid, _ = spec.schedule(before)
+        for label in profile_events(before, mid, plan):
             self.note(label)
         return plan
 

@@ -19,8 +19,8 @@ from typing import ClassVar, Concatenate, ParamSpec, TypeVar
 from hypothesis import currently_in_test_context, event, target
 from hypothesis.stateful import Bundle, RuleBasedStateMachine
 
-import spec
 from impl.scheduler import Scheduler
+from spec.profiles import too_large
 from spec.types import (
     FinishedRequest,
     InvalidRequestError,
@@ -175,7 +175,7 @@ class MachineBase(RecordedMachine):
             seed=req.salt,
         )
         if req.eos is not None:
-            if spec.never_fits(config, prompt_len, max_tokens):
+            if too_large(config, prompt_len, max_tokens):
                 eos = req.eos % self.VOCAB
             else:
                 outputs = self.solo(prompt, params)

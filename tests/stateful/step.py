@@ -6,16 +6,42 @@ from collections.abc import Iterator
 from dataclasses import replace
 
 import spec
+from spec.kv import cdiv, chunk_for_prefill
+from spec.scheduler import StepDraft, schedule_running
 from spec.types import (
+    FinishReason,
     PreemptionMode,
     SampledTokensError,
     SchedulerConfig,
     SchedulerState,
+    Semantics,
     StepPlan,
 )
 from tests.stateful.base import MachineBase
 from tests.stateful.diffs import DECISIONS, plan_diff, state_diff
 from tests.stateful.failures import InjectedFault, InvariantViolation, fail, require
+
+
+def victim_chunk_undone(before: SchedulerState) -> bool:
+    """Whether phase A of this step undid a victim's chunk (the spec's draft says)."""
+    budget = before.config.max_num_batched_tokens
+    return bool(schedule_running(StepDraft(state=before, budget=budget)).undone)
+
+
+def full_sequence_gate_refused(mid: SchedulerState, plan: StepPlan, admitted: list[str]) -> bool:
+    """Whether phase C stopped at a request whose chunk fit but whose whole sequence did
+    not (vllm-v1/full-sequence-admission), with budget and a seat left."""
+    config = mid.config
+    budget = config.max_num_batched_tokens - sum(plan.num_scheduled_tokens)
+    if plan.preempted or not mid.waiting or budget == 0:
+        return False
+    if len(mid.running) >= config.max_num_seqs:
+        return False
+    head = spec.get_policy(config.policy).order_waiting(mid.waiting)[0]
+    n = chunk_for_prefill(head.num_tokens, budget, config.enable_chunked_prefill)
+    bs = config.block_size
+    free = mid.num_free_gpu_blocks
+    return n <= budget and cdiv(n, bs) <= free < cdiv(head.num_tokens, bs)
 
 
 class Stepping(MachineBase):
@@ -95,10 +121,44 @@ class Stepping(MachineBase):
         by_id = {r.request_id: r for r in mid.running}
         for finished in plan.finished:
             self.record_outcome(by_id[finished.request_id].request.arrival, finished)
+        for label in profile_events(before, mid, plan):
+            self.note(label)
         self.peak_gpu_used = max(
             self.peak_gpu_used, config.num_gpu_blocks - after.num_free_gpu_blocks
         )
         self.peak_swapped = max(self.peak_swapped, len(after.swapped))
+
+
+def profile_events(before: SchedulerState, mid: SchedulerState, plan: StepPlan) -> Iterator[str]:
+    """Events for the profile rules that made a difference in a step (the spec's view;
+    both sides were just found to agree on it): ``before`` it, ``mid`` (after the
+    decisions, ``spec.schedule``), its ``plan``. Shared with the peer machines."""
+    config = before.config
+    if config.semantics is Semantics.KVSCHED:
+        return
+    admitted = [r.request_id for r in before.waiting if r.request_id in plan.scheduled_ids]
+    if config.semantics is Semantics.VLLM_V1:
+        for finished in plan.finished:
+            outputs = len(finished.output_token_ids)
+            request = next(r for r in mid.running if r.request_id == finished.request_id)
+            if (
+                finished.finish_reason is FinishReason.LENGTH
+                and outputs < request.request.params.max_tokens
+            ):
+                yield "vllm-v1/max-model-len: length at max_model_len"
+        if plan.preempted and victim_chunk_undone(before):
+            yield "vllm-v1/priority-victim-any-running: a scheduled victim's chunk undone"
+        if full_sequence_gate_refused(mid, plan, admitted):
+            yield "vllm-v1/full-sequence-admission: the gate held a request back"
+    else:
+        if admitted and before.running:
+            yield "nano-vllm/prefill-first: a prefill-only step with requests running"
+        if not admitted and sum(plan.num_scheduled_tokens) > config.max_num_batched_tokens:
+            yield "nano-vllm/decode-unbudgeted: a decode step over the token budget"
+        if plan.preempted and plan.preempted[0].request_id != before.running[-1].request_id:
+            yield "nano-vllm/victim-next: a victim lifo would not have chosen"
+        if len(mid.running) > config.max_num_seqs:
+            yield "nano-vllm/seq-limit-per-step: more than max_num_seqs running"
 
 
 def step_events(
