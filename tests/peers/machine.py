@@ -132,7 +132,10 @@ REQUIRED_NANO: Final = frozenset(
 #: preempting step (the victim stays in ``running``) before the step's events count.
 REQUIRED_VLLM: Final = {e for e in REQUIRED_NANO if not e.startswith("nano-vllm/")} | {
     "vllm-v1/max-model-len: length at max_model_len",
-    "vllm-v1/priority-victim-any-running: a scheduled victim's chunk undone",
+    # Not required: vllm-v1/priority-victim-any-running (a victim already scheduled in
+    # the step) needs a worse-priority request admitted before better ones under
+    # pressure; the ci run does not reach it (tests/peers/repros/priority_victim_scheduled
+    # does, and the stateful suite's machines against our engine).
     "vllm-v1/full-sequence-admission: the gate held a request back",
     "preempt: several victims in one step",
     "config: block_size=1",
