@@ -80,6 +80,8 @@ def draw(
     chunked = rng.random() < 0.8
     if fit:
         blocks, chunked = max(blocks, need), True
+        if nano:  # no chunked prefill: a recompute re-prefills P + M - 1 in one step (R4)
+            budget = max(budget, *(len(r.prompt) + r.params.max_tokens - 1 for r in workload))
     config = SchedulerConfig(
         num_gpu_blocks=blocks,
         block_size=block_size,
@@ -133,11 +135,16 @@ def run_with_aborts(
                 )
                 lock.compare_states()
             if lock.steps > 500:
-                raise DrainError("no drain within 500 steps")
+                # Both sides agreed at every step: aborts re-add requests, which are
+                # arrivals, and a steady stream of them can starve decodes (nano-vllm's
+                # prefill-first steps). Tallied, not a divergence.
+                raise DrainError("no drain within 500 steps (agreed at every step)")
             lock.step()
         lock.finish()
     except Diverged as e:
         divergence = e.divergence
+    except DrainError as e:
+        divergence = Divergence(lock.steps, str(e), None, None)
     return LockstepReport(lock.steps, len(workload), lock.rejected, lock.preemptions, divergence)
 
 
