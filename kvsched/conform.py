@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from kvsched.drive import StepCallback
+from kvsched.peers.known import classify
 from kvsched.peers.lockstep import LockstepReport, run_workload
 from kvsched.peers.protocol import SchedulerUnderTest
 from kvsched.workload import WorkloadRequest
@@ -51,4 +52,11 @@ def render(report: ConformReport, config: SchedulerConfig, engine: str = "kvsche
             f"({report.num_requests} requests, {report.num_rejected} rejected, "
             f"{report.preemptions} preemption{'' if report.preemptions == 1 else 's'}; {setup})"
         )
-    return f"conform: DIVERGED at {report.divergence} ({setup})"
+    verdict = f"conform: DIVERGED at {report.divergence} ({setup})"
+    bug = classify(engine, report.divergence)
+    if bug is None:
+        return verdict
+    return (
+        f"{verdict}\n  known peer bug {bug.id} in {bug.distribution} {bug.version} "
+        f"(docs/peers.md): {bug.summary}"
+    )

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from kvsched.errors import DrainError
 from kvsched.peers import PROFILES, PeerUnsupportedError, common_eos, make_peer
+from kvsched.peers.known import classify
 from kvsched.peers.lockstep import Diverged, Divergence, Lockstep, LockstepReport, run_workload
 from kvsched.peers.ours import SchedulerAdapter
 from kvsched.peers.protocol import SchedulerUnderTest
@@ -101,18 +102,28 @@ def run_with_aborts(
     p_abort: float,
 ) -> LockstepReport:
     """Like ``run_workload``, plus: before each step, with probability ``p_abort``, abort
-    a random live request (waiting, running or preempted), and re-add its id later."""
+    a random live request (waiting, running or preempted) not aborted before, and
+    re-add its id later."""
     lock = Lockstep(peer, config, HashOracle(vocab_size=ORACLE_VOCAB))
     pending = sorted(workload, key=lambda r: r.arrival_step)
+    aborted: set[str] = set()
     divergence: Divergence | None = None
     try:
         while pending or lock.unfinished():
             while pending and pending[0].arrival_step <= lock.steps:
                 r = pending.pop(0)
                 lock.add(r.request_id, r.prompt, r.params)
-            live = [r for q in (lock.state.waiting, lock.state.running) for r in q]
+            # Each id is aborted once: aborting re-added requests again and again can
+            # keep a run from ever draining (one live request, aborted every few steps).
+            live = [
+                r
+                for q in (lock.state.waiting, lock.state.running)
+                for r in q
+                if r.request_id not in aborted
+            ]
             if live and rng.random() < p_abort:
                 victim = rng.choice(live)
+                aborted.add(victim.request_id)
                 lock.abort(victim.request_id)
                 pending.append(
                     WorkloadRequest(
@@ -135,15 +146,6 @@ def run_with_aborts(
     except DrainError as e:
         divergence = Divergence(lock.steps, str(e), None, None)
     return LockstepReport(lock.steps, len(workload), lock.rejected, lock.preemptions, divergence)
-
-
-def keeps_victim(divergence: Divergence) -> bool:
-    """The peer's state has a request in both ``running`` and ``waiting`` (N5)."""
-    observed = divergence.engine_state
-    if observed is None:
-        return False
-    waiting = {r.request_id for r in observed.state.waiting}
-    return any(r.request_id in waiting for r in observed.state.running)
 
 
 def command(peer: str, path: Path, c: SchedulerConfig) -> str:
@@ -212,8 +214,9 @@ def main() -> int:
             agree += 1
             continue
         kind = re.sub(r"\[\d+\]", "[i]", re.sub(r"\('r\d+'\)", "(...)", report.divergence.field))
-        if keeps_victim(report.divergence):
-            kind = f"N5 (a victim also left in running: the fork's bug) at {kind}"
+        bug = classify(args.peer, report.divergence)
+        if bug is not None:
+            kind = f"known peer bug {bug.id}: {kind}"
         kinds[kind] += 1
         if kind not in examples:
             example = f"seed {args.seed + k}: {report.divergence}"

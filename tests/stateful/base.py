@@ -20,11 +20,10 @@ from hypothesis import currently_in_test_context, event, target
 from hypothesis.stateful import Bundle, RuleBasedStateMachine
 
 from impl.scheduler import Scheduler
-from spec.profiles import model_len, too_large
+from spec.profiles import too_large
 from spec.types import (
     FinishedRequest,
     InvalidRequestError,
-    PreemptionMode,
     SamplingParams,
     SchedulerConfig,
     SchedulerState,
@@ -34,12 +33,12 @@ from tests.stateful.coverage import RunRecord
 from tests.stateful.diffs import state_diff
 from tests.stateful.failures import InvariantViolation, require
 from tests.stateful.reference import SpecModel
-from tests.stateful.strategies import NewRequest
+from tests.stateful.strategies import NewRequest, fit_sizes
 
 #: The ids of the requests added so far (live or finished), for the rules that use one.
 REQUESTS: Bundle[str] = Bundle("requests")
 
-M = TypeVar("M", bound="MachineBase")
+M = TypeVar("M", bound="RecordedMachine")
 P = ParamSpec("P")
 R = TypeVar("R")
 
@@ -61,6 +60,25 @@ def checked(method: Callable[Concatenate[M, P], R]) -> Callable[Concatenate[M, P
     return run
 
 
+class RecordedMachine(RuleBasedStateMachine):
+    """A machine ``harness.run_differential`` runs: named (its size in
+    tests/stateful/profiles.py), with a run record, and unsettled while a rule runs."""
+
+    NAME: ClassVar[str]
+    #: Where the run counts its coverage and steps; ``run_differential`` gives each run
+    #: a fresh one (a replayed regression program uses this default).
+    record: ClassVar[RunRecord] = RunRecord()
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.settled = True  # False while a rule or an invariant runs (see ``checked``)
+
+    def note(self, label: str) -> None:
+        self.record.coverage[label] += 1
+        if currently_in_test_context():  # a regression test replays a program without it
+            event(label)
+
+
 @dataclass(frozen=True)
 class Accepted:
     request_id: str
@@ -68,7 +86,7 @@ class Accepted:
     params: SamplingParams
 
 
-class MachineBase(RuleBasedStateMachine):
+class MachineBase(RecordedMachine):
     """The state and the operations that rules, invariants and teardown share.
 
     A subclass provides the real side (``new_real``, ``real_*``), the tokens the spec
@@ -77,9 +95,6 @@ class MachineBase(RuleBasedStateMachine):
 
     NAME: ClassVar[str] = "DifferentialMachine"
     VOCAB: ClassVar[int] = 16
-    #: Where the run counts its coverage and steps; ``run_differential`` gives each run
-    #: a fresh one (a replayed regression program uses this default).
-    record: ClassVar[RunRecord] = RunRecord()
     requests: Bundle[str] = REQUESTS
 
     config: SchedulerConfig
@@ -88,7 +103,6 @@ class MachineBase(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.ready = False
-        self.settled = True  # False while a rule or an invariant runs (see ``checked``)
         self.next_id = 0
         self.accepted: dict[int, Accepted] = {}  # by arrival (ids may be reused)
         self.outcomes: dict[int, FinishedRequest] = {}
@@ -140,11 +154,6 @@ class MachineBase(RuleBasedStateMachine):
 
     # --- helpers -------------------------------------------------------------------------
 
-    def note(self, label: str) -> None:
-        self.record.coverage[label] += 1
-        if currently_in_test_context():  # a regression test replays a program without it
-            event(label)
-
     def target(self, value: float, label: str) -> None:
         if currently_in_test_context():
             target(value, label=label)
@@ -156,26 +165,7 @@ class MachineBase(RuleBasedStateMachine):
     def resolve(self, req: NewRequest) -> tuple[tuple[int, ...], SamplingParams]:
         """Tokens and parameters of a drawn request, clamped to fit unless ``oversize``."""
         config = self.config
-        prompt_len, max_tokens = req.prompt_len, req.max_tokens
-        length = model_len(config)
-        if length is not None:
-            # vllm-v1/max-model-len: the prompt must be shorter; max_tokens is not capped,
-            # so requests also stop at max_model_len.
-            if not req.oversize:
-                prompt_len = min(prompt_len, length - 1)
-        elif not req.oversize:
-            cap = config.num_gpu_blocks * config.block_size  # L = P + M - 1 <= cap (R4)
-            if not config.enable_chunked_prefill:
-                if config.preemption_mode is PreemptionMode.RESTART:
-                    prompt_len = min(prompt_len, config.max_num_batched_tokens)
-                else:
-                    cap = min(cap, config.max_num_batched_tokens)
-            if prompt_len + max_tokens - 1 > cap:
-                # Scale both down, keeping the output share: decodes that grow past the
-                # pool are what forces preemptions (a pool-sized prompt with one output
-                # never grows).
-                prompt_len = max(1, prompt_len * cap // (prompt_len + max_tokens))
-                max_tokens = min(max_tokens, cap - prompt_len + 1)
+        prompt_len, max_tokens = fit_sizes(config, req)
         rng = random.Random(req.salt)
         prompt = tuple(rng.randrange(self.VOCAB) for _ in range(prompt_len))
         params = SamplingParams(

@@ -1,7 +1,8 @@
 """Running a differential machine as a test: its run record, coverage and report.
 
-The machine is tests/stateful/machine.py (``DifferentialMachine``), built from its
-strategies, reference model, rules and invariants (one module each here).
+The machines are tests/stateful/machine.py (``DifferentialMachine``), built from its
+strategies, reference model, rules and invariants (one module each here), and the
+peer machines of tests/peers/machine.py.
 """
 
 from __future__ import annotations
@@ -14,15 +15,15 @@ from typing import Final, cast
 from hypothesis import seed, settings
 from hypothesis.stateful import run_state_machine_as_test
 
+from tests.stateful.base import RecordedMachine
 from tests.stateful.coverage import RunRecord, write_report
-from tests.stateful.machine import DifferentialMachine
 from tests.stateful.profiles import machine_settings
 
 #: Profiles whose runs are sized to reach every required path (asserted).
 COVERAGE_PROFILES: Final = frozenset({"ci", "nightly"})
 
 
-def run_differential(machine: type[DifferentialMachine], required: Collection[str]) -> str:
+def run_differential(machine: type[RecordedMachine], required: Collection[str]) -> str:
     """Run ``machine`` under the current profile; report; assert coverage under ci/nightly.
 
     ``KVSCHED_STATEFUL_SEED=<n>`` runs another fixed stream of examples (``@seed``).
@@ -34,7 +35,7 @@ def run_differential(machine: type[DifferentialMachine], required: Collection[st
     name = machine.NAME
     record = RunRecord()
     namespace = {"__module__": machine.__module__, "record": record}
-    machine = cast(type[DifferentialMachine], type(machine.__name__, (machine,), namespace))
+    machine = cast(type[RecordedMachine], type(machine.__name__, (machine,), namespace))
     profile = settings.get_current_profile_name()
     chosen_seed = os.environ.get("KVSCHED_STATEFUL_SEED")
     if chosen_seed:  # @seed wins over derandomize: another fixed stream of examples

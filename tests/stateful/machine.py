@@ -27,6 +27,27 @@ def lifo_proof_applies(policy: str) -> bool:
     return policy in LIFO_PROOF_POLICIES and spec.POLICIES[policy].select_victim is lifo_victim
 
 
+def drain_bound(state: SchedulerState, *, lifo_proof: bool | None = None) -> int:
+    """Steps a drain from ``state`` may take.
+
+    Where the LIFO liveness proof applies (``lifo_proof``; by default: ``lifo``, and
+    ``reserve``, LIFO victims and a gate that never refuses an empty engine:
+    docs/semantics.md): ``spec.drain_step_bound``, proven in spec.liveness. Otherwise
+    (a policy or a peer that may preempt the head of ``running``) that proof does not
+    carry over, and the bound is a documented generous one, ``(n + 1) * lifo_bound + n``
+    for ``n`` live requests (as if every request could lose all its progress once per
+    other request); the runs record the largest ratio actually seen
+    (docs/stateful-testing.md).
+    """
+    bound = spec.drain_step_bound(state)
+    if lifo_proof is None:
+        lifo_proof = lifo_proof_applies(state.config.policy)
+    if lifo_proof:
+        return bound
+    n = spec.num_unfinished_requests(state)
+    return (n + 1) * bound + n
+
+
 ProgressKey = tuple[int, int, tuple[tuple[tuple[int, int, tuple[int, ...]], ...], ...]]
 
 
@@ -50,28 +71,11 @@ class DifferentialMachine(Rules, Invariants):
 
     # --- teardown: bounded drain, completion, solo outputs -------------------------------------
 
-    def drain_bound(self, state: SchedulerState) -> int:
-        """Steps the drain may take.
-
-        ``lifo``, and ``reserve`` (LIFO victims, a gate that never refuses an empty
-        engine: docs/semantics.md): ``spec.drain_step_bound``, proven in spec.liveness.
-        Other policies may preempt the head of ``running``, so that proof does not carry
-        over; they get a documented generous bound, ``(n + 1) * lifo_bound + n`` for
-        ``n`` live requests (as if every request could lose all its progress once per
-        other request), and the run records the largest ratio actually seen
-        (docs/stateful-testing.md).
-        """
-        bound = spec.drain_step_bound(state)
-        if lifo_proof_applies(state.config.policy):
-            return bound
-        n = spec.num_unfinished_requests(state)
-        return (n + 1) * bound + n
-
     def teardown(self) -> None:
         if not self.ready or not self.settled:
             return  # a rule failed: report that, not a drain of a diverged state
         start = self.spec.state
-        bound = self.drain_bound(start)
+        bound = drain_bound(start)
         lifo_bound = spec.drain_step_bound(start)
         seen: set[ProgressKey] = set()
         steps = 0

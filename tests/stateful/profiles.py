@@ -24,13 +24,30 @@ class Size:
 #: suite around 3-5 minutes with ``pytest -n 2``; nightly is sized in
 #: docs/stateful-testing.md (>= 10^6 differential steps a night).
 SIZES: Final[Mapping[str, Mapping[str, Size]]] = {
-    "ci": {"SchedulerDifferential": Size(2_000, 50), "EngineDifferential": Size(400, 50)},
-    "dev": {"SchedulerDifferential": Size(60, 40), "EngineDifferential": Size(15, 25)},
+    "ci": {
+        "SchedulerDifferential": Size(2_000, 50),
+        "EngineDifferential": Size(400, 50),
+        "VllmMachine": Size(200, 30),
+        "NanoVllmMachine": Size(200, 30),
+    },
+    "dev": {
+        "SchedulerDifferential": Size(60, 40),
+        "EngineDifferential": Size(15, 25),
+        "VllmMachine": Size(30, 25),
+        "NanoVllmMachine": Size(30, 25),
+    },
     "nightly": {
         "SchedulerDifferential": Size(20_000, 100, targeting=True),
         "EngineDifferential": Size(6_000, 60, targeting=True),
+        "VllmMachine": Size(5_000, 50),
+        "NanoVllmMachine": Size(5_000, 50),
     },
-    "mutation": {"SchedulerDifferential": Size(1_000, 40), "EngineDifferential": Size(200, 30)},
+    "mutation": {
+        "SchedulerDifferential": Size(1_000, 40),
+        "EngineDifferential": Size(200, 30),
+        "VllmMachine": Size(30, 25),
+        "NanoVllmMachine": Size(30, 25),
+    },
 }
 
 #: Every machine sets these explicitly (formal-methods.md section 2.2: a machine's own

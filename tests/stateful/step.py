@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import replace
 
 import spec
@@ -11,6 +12,7 @@ from spec.types import (
     FinishReason,
     PreemptionMode,
     SampledTokensError,
+    SchedulerConfig,
     SchedulerState,
     Semantics,
     StepPlan,
@@ -109,76 +111,88 @@ class Stepping(MachineBase):
         self.record_step(before, mid, plan)
         return plan
 
-    def record_profile_rules(
-        self, before: SchedulerState, mid: SchedulerState, plan: StepPlan
-    ) -> None:
-        """Events for the profile rules that made a difference in this step (the spec's
-        view; both sides were just found to agree on it)."""
-        config = before.config
-        admitted = [r.request_id for r in before.waiting if r.request_id in plan.scheduled_ids]
-        if config.semantics is Semantics.VLLM_V1:
-            for finished in plan.finished:
-                outputs = len(finished.output_token_ids)
-                request = next(r for r in mid.running if r.request_id == finished.request_id)
-                if (
-                    finished.finish_reason is FinishReason.LENGTH
-                    and outputs < request.request.params.max_tokens
-                ):
-                    self.note("vllm-v1/max-model-len: length at max_model_len")
-            if plan.preempted and victim_chunk_undone(before):
-                self.note("vllm-v1/priority-victim-any-running: a scheduled victim's chunk undone")
-            if full_sequence_gate_refused(mid, plan, admitted):
-                self.note("vllm-v1/full-sequence-admission: the gate held a request back")
-        else:
-            if admitted and before.running:
-                self.note("nano-vllm/prefill-first: a prefill-only step with requests running")
-            if not admitted and sum(plan.num_scheduled_tokens) > config.max_num_batched_tokens:
-                self.note("nano-vllm/decode-unbudgeted: a decode step over the token budget")
-            if plan.preempted and plan.preempted[0].request_id != before.running[-1].request_id:
-                self.note("nano-vllm/victim-next: a victim lifo would not have chosen")
-            if len(mid.running) > config.max_num_seqs:
-                self.note("nano-vllm/seq-limit-per-step: more than max_num_seqs running")
-
     def record_step(self, before: SchedulerState, mid: SchedulerState, plan: StepPlan) -> None:
         config = self.config
-        self.record.stats.steps += 1
-        index = {r.request_id: r for r in (*before.waiting, *before.running, *before.swapped)}
-        for preemption in plan.preempted:
-            self.preemptions += 1
-            self.note(f"preempt: {preemption.mode}")
-            if (
-                config.preemption_mode is PreemptionMode.SWAP
-                and preemption.mode is PreemptionMode.RECOMPUTE
-            ):
-                self.note("preempt: swap fell back to recompute (CPU pool full)")
-        if len(plan.preempted) > 1:
-            self.note("preempt: several victims in one step")
-        if plan.preempted and before.waiting:
-            self.note("admission held back by a preemption")
-        if plan.swapped_in:
-            self.note("swap-in")
-        for chunk in plan.scheduled:
-            request = index[chunk.request_id]
-            if chunk.start + chunk.num_tokens < request.num_tokens:
-                self.note("chunked prefill: partial chunk")
-            elif chunk.start > 0 and chunk.num_tokens > 1:
-                self.note("chunked prefill: last chunk of a resumed prefill")
-            if chunk.start == 0 and request.output_token_ids and chunk.num_tokens > 1:
-                self.note("re-prefill of prompt + kept outputs")
-        by_id = {r.request_id: r for r in mid.running}
-        for sampled in plan.sampled:
-            params = by_id[sampled.request_id].request.params
-            if params.ignore_eos and sampled.token_id == params.eos_token_id:
-                self.note("finish: EOS sampled but ignored")
-        for finished in plan.finished:
-            self.note(f"finish: {finished.finish_reason}")
-            self.record_outcome(by_id[finished.request_id].request.arrival, finished)
         after = self.spec.state
-        if len(after.running) == config.max_num_seqs and after.waiting:
-            self.note("max_num_seqs reached with requests waiting")
-        if config.semantics is not Semantics.KVSCHED:
-            self.record_profile_rules(before, mid, plan)
+        self.record.stats.steps += 1
+        self.preemptions += len(plan.preempted)
+        for label in step_events(config, before, plan, after):
+            self.note(label)
+        by_id = {r.request_id: r for r in mid.running}
+        for finished in plan.finished:
+            self.record_outcome(by_id[finished.request_id].request.arrival, finished)
+        for label in profile_events(before, mid, plan):
+            self.note(label)
         self.peak_gpu_used = max(
             self.peak_gpu_used, config.num_gpu_blocks - after.num_free_gpu_blocks
         )
         self.peak_swapped = max(self.peak_swapped, len(after.swapped))
+
+
+def profile_events(before: SchedulerState, mid: SchedulerState, plan: StepPlan) -> Iterator[str]:
+    """Events for the profile rules that made a difference in a step (the spec's view;
+    both sides were just found to agree on it): ``before`` it, ``mid`` (after the
+    decisions, ``spec.schedule``), its ``plan``. Shared with the peer machines."""
+    config = before.config
+    if config.semantics is Semantics.KVSCHED:
+        return
+    admitted = [r.request_id for r in before.waiting if r.request_id in plan.scheduled_ids]
+    if config.semantics is Semantics.VLLM_V1:
+        for finished in plan.finished:
+            outputs = len(finished.output_token_ids)
+            request = next(r for r in mid.running if r.request_id == finished.request_id)
+            if (
+                finished.finish_reason is FinishReason.LENGTH
+                and outputs < request.request.params.max_tokens
+            ):
+                yield "vllm-v1/max-model-len: length at max_model_len"
+        if plan.preempted and victim_chunk_undone(before):
+            yield "vllm-v1/priority-victim-any-running: a scheduled victim's chunk undone"
+        if full_sequence_gate_refused(mid, plan, admitted):
+            yield "vllm-v1/full-sequence-admission: the gate held a request back"
+    else:
+        if admitted and before.running:
+            yield "nano-vllm/prefill-first: a prefill-only step with requests running"
+        if not admitted and sum(plan.num_scheduled_tokens) > config.max_num_batched_tokens:
+            yield "nano-vllm/decode-unbudgeted: a decode step over the token budget"
+        if plan.preempted and plan.preempted[0].request_id != before.running[-1].request_id:
+            yield "nano-vllm/victim-next: a victim lifo would not have chosen"
+        if len(mid.running) > config.max_num_seqs:
+            yield "nano-vllm/seq-limit-per-step: more than max_num_seqs running"
+
+
+def step_events(
+    config: SchedulerConfig, before: SchedulerState, plan: StepPlan, after: SchedulerState
+) -> Iterator[str]:
+    """The coverage events of one step (``before`` it, its ``plan``, the state ``after``),
+    shared by the differential machines and the peer machines (tests/peers)."""
+    index = {r.request_id: r for r in (*before.waiting, *before.running, *before.swapped)}
+    for preemption in plan.preempted:
+        yield f"preempt: {preemption.mode}"
+        if (
+            config.preemption_mode is PreemptionMode.SWAP
+            and preemption.mode is PreemptionMode.RECOMPUTE
+        ):
+            yield "preempt: swap fell back to recompute (CPU pool full)"
+    if len(plan.preempted) > 1:
+        yield "preempt: several victims in one step"
+    if plan.preempted and before.waiting:
+        yield "admission held back by a preemption"
+    if plan.swapped_in:
+        yield "swap-in"
+    for chunk in plan.scheduled:
+        request = index[chunk.request_id]
+        if chunk.start + chunk.num_tokens < request.num_tokens:
+            yield "chunked prefill: partial chunk"
+        elif chunk.start > 0 and chunk.num_tokens > 1:
+            yield "chunked prefill: last chunk of a resumed prefill"
+        if chunk.start == 0 and request.output_token_ids and chunk.num_tokens > 1:
+            yield "re-prefill of prompt + kept outputs"
+    for sampled in plan.sampled:
+        params = index[sampled.request_id].request.params
+        if params.ignore_eos and sampled.token_id == params.eos_token_id:
+            yield "finish: EOS sampled but ignored"
+    for finished in plan.finished:
+        yield f"finish: {finished.finish_reason}"
+    if len(after.running) == config.max_num_seqs and after.waiting:
+        yield "max_num_seqs reached with requests waiting"

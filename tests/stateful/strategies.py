@@ -8,6 +8,7 @@ from typing import Final
 from hypothesis import strategies as st
 
 import spec
+from spec.profiles import model_len
 from spec.types import PreemptionMode, SchedulerConfig, Semantics
 
 BLOCK_SIZES: Final = (1, 2, 4, 16)
@@ -139,6 +140,31 @@ NEW_REQUESTS: Final = st.builds(
     priority=st.integers(0, 3),
     temperature=st.sampled_from((0.0, 0.0, 0.8)),
 )
+
+
+def fit_sizes(config: SchedulerConfig, req: NewRequest) -> tuple[int, int]:
+    """``(prompt_len, max_tokens)`` of a drawn request, clamped so that R4 accepts it
+    under ``config`` unless ``oversize``."""
+    prompt_len, max_tokens = req.prompt_len, req.max_tokens
+    if req.oversize:
+        return prompt_len, max_tokens
+    length = model_len(config)
+    if length is not None:
+        # vllm-v1/max-model-len: the prompt must be shorter; max_tokens is not capped,
+        # so requests also stop at max_model_len.
+        return min(prompt_len, length - 1), max_tokens
+    cap = config.num_gpu_blocks * config.block_size  # L = P + M - 1 <= cap (R4)
+    if not config.enable_chunked_prefill:
+        if config.preemption_mode is PreemptionMode.RESTART:
+            prompt_len = min(prompt_len, config.max_num_batched_tokens)
+        else:
+            cap = min(cap, config.max_num_batched_tokens)
+    if prompt_len + max_tokens - 1 > cap:
+        # Scale both down, keeping the output share: decodes that grow past the pool
+        # are what forces preemptions (a pool-sized prompt with one output never grows).
+        prompt_len = max(1, prompt_len * cap // (prompt_len + max_tokens))
+        max_tokens = min(max_tokens, cap - prompt_len + 1)
+    return prompt_len, max_tokens
 
 
 #: The load a fresh engine starts with.

@@ -1,0 +1,78 @@
+"""Divergences that are bugs of a peer (docs/peers.md), recognised by their signature.
+
+A lockstep run that meets one cannot go on (the peer's state is no longer one the spec
+can reach), so the peer machines end the example there and count it as a classified
+known divergence, never silently. Each entry is pinned to the peer version it was found
+in; tests/peers/test_known_bugs.py expects the failure on that version
+(``xfail(strict=True)``), so an upstream fix is noticed.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from importlib import metadata
+
+from kvsched.peers.lockstep import Divergence
+
+
+@dataclass(frozen=True, slots=True)
+class KnownBug:
+    id: str  # docs/peers.md's row
+    peer: str
+    distribution: str
+    version: str
+    summary: str
+
+
+N5 = KnownBug(
+    "N5",
+    "nano-vllm",
+    "nano-vllm-fork",
+    "20260210",
+    "a preempted victim stays in `running` as well as `waiting`",
+)
+N2_N6 = KnownBug(
+    "N2/N6",
+    "nano-vllm",
+    "nano-vllm-fork",
+    "20260210",
+    "a request R4 refuses is accepted (it never fits the pool, or its prompt, or its "
+    "prompt plus outputs re-prefilled after a preemption, is longer than the budget); "
+    "at the waiting head with nothing running, schedule() fails `assert scheduled_seqs`",
+)
+KNOWN_BUGS = (N5, N2_N6)
+
+
+def installed_version(bug: KnownBug) -> str | None:
+    try:
+        return metadata.version(bug.distribution)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _has_version(bug: KnownBug) -> bool:
+    return installed_version(bug) == bug.version
+
+
+def classify(peer: str, divergence: Divergence) -> KnownBug | None:
+    """The known peer bug ``divergence`` is the signature of, on the installed version."""
+    if peer == "nano-vllm":
+        observed = divergence.engine_state
+        if observed is not None:
+            queued = Counter(
+                r.request_id for r in (*observed.state.waiting, *observed.state.running)
+            )
+            if any(n > 1 for n in queued.values()) and _has_version(N5):
+                return N5
+        if (
+            divergence.field.startswith("add_request(")
+            and str(divergence.spec_value).startswith("RequestTooLargeError")
+            and divergence.engine_value == "accepted"
+            and _has_version(N2_N6)
+        ):
+            return N2_N6
+    return None
+
+
+__all__ = ["KNOWN_BUGS", "N2_N6", "N5", "KnownBug", "classify", "installed_version"]

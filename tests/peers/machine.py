@@ -1,0 +1,414 @@
+"""A Hypothesis stateful machine per peer: the stateful suite's rules, through ``Lockstep``.
+
+Design card. The spec, under the peer's semantics profile, and the peer's real scheduler
+(``make_peer``) receive the same operations through ``kvsched.peers.lockstep.Lockstep``,
+the one lockstep comparison: decisions, whole plans and states (queues in order,
+computed tokens, outputs, free blocks, each request's blocks) after every operation.
+The rules are the suite's where the peer supports them (tests/stateful/rules.py): adds,
+bursts, identical requests, oversize requests, aborts in every state a peer has
+(waiting, waiting after a preemption, running mid-prefill, running decoding; no
+swapped state), id reuse after finish or abort, and the suite's request strategy
+(tests/stateful/strategies.py). Not used: faults (a peer has no rollback), bad
+requests (the peers' front ends validate, not their schedulers) and duplicate live ids
+(likewise).
+
+Configurations: block sizes 1-16 (nano-vllm >= 2), pools of 8-64 tokens, budgets from
+1 (vLLM: from ``max_num_seqs``, V6), ``max_num_seqs`` from 1, chunked prefill on or off
+(nano-vllm: off, N2), ``lifo`` (vLLM also ``priority``), recompute only (V7).
+
+nano-vllm's prefix cache is always on and the spec does not model it yet (N7): every
+request's first token is its own (never reused within an example), so no two requests
+share a first block and no hit can happen; "identical" requests differ only there.
+nano-vllm has one EOS for the engine, drawn per example.
+
+A divergence fails the example with ``describe``'s report, and Hypothesis shrinks it to
+a minimal program, unless it is the signature of a known peer bug
+(``kvsched.peers.known``): then the example ends there, counted as the event
+``known peer bug: <id>`` (never silently). The teardown drains within
+``spec.drain_step_bound`` (under ``lifo``; it covers both profiles) or the suite's derived
+bound (``priority``), and a state that repeats is a livelock: either is a failure of the peer.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import replace
+from typing import ClassVar, Final
+
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    MultipleResults,
+    consumes,
+    initialize,
+    multiple,
+    precondition,
+    rule,
+)
+
+import spec
+from kvsched.peers import PROFILES, make_peer
+from kvsched.peers.known import KnownBug, classify
+from kvsched.peers.lockstep import Diverged, Lockstep, describe
+from spec.oracle import HashOracle
+from spec.types import PreemptionMode, SamplingParams, SchedulerConfig, StepPlan
+from tests.stateful.base import REQUESTS, RecordedMachine, checked
+from tests.stateful.failures import fail
+from tests.stateful.machine import ProgressKey, drain_bound, progress_key
+from tests.stateful.rules import abort_label, find_live
+from tests.stateful.step import profile_events, step_events
+from tests.stateful.strategies import (
+    BLOCK_SIZES,
+    NEW_REQUESTS,
+    NewRequest,
+    fit_sizes,
+)
+from tests.stateful.toy import toy_solo
+
+#: The oracle's vocabulary: prompt tokens and outputs (small, so EOS is often hit).
+VOCAB: Final = 16
+ORACLE: Final = HashOracle(vocab_size=VOCAB, salt=11)
+#: nano-vllm: each request's first token, ``FIRST_TOKEN + n`` for the n-th request of
+#: the example, outside the oracle's range (no prefix-cache hit, N7).
+FIRST_TOKEN: Final = 10_000
+
+
+#: The suite's requests, fitting the configuration (R4); ``add_oversize`` draws the
+#: others, in a rule of their own: an oversize request meets nano-vllm's N2/N6 at once,
+#: which ends the example, and a quarter of all requests would end most examples.
+FITTING: Final = NEW_REQUESTS.map(lambda req: replace(req, oversize=False))
+OVERSIZE: Final = NEW_REQUESTS.map(lambda req: replace(req, oversize=True))
+
+
+@st.composite
+def peer_configs(draw: st.DrawFn, peer: str) -> SchedulerConfig:
+    """Small pools so preemption really happens; what ``peer`` supports of the suite's
+    ranges (tests/stateful/strategies.py, ``engine_configs``)."""
+    nano = peer == "nano-vllm"
+    block_size = draw(st.sampled_from(tuple(b for b in BLOCK_SIZES if b >= 2 or not nano)))
+    gpu_tokens = draw(st.integers(8, 64))
+    max_num_seqs = draw(st.sampled_from((2, 3, 4, 6, 8, 1)))
+    budget = draw(st.integers(1, 8) | st.integers(1, 64))  # small budgets half the time
+    if not nano:
+        budget = max(budget, max_num_seqs)  # vLLM refuses less (V6)
+    return SchedulerConfig(
+        num_gpu_blocks=max(2, gpu_tokens // block_size),
+        block_size=block_size,
+        max_num_batched_tokens=budget,
+        max_num_seqs=max_num_seqs,
+        enable_chunked_prefill=False if nano else draw(st.booleans()),
+        preemption_mode=PreemptionMode.RECOMPUTE,
+        policy="lifo" if nano else draw(st.sampled_from(("lifo", "priority"))),
+        semantics=PROFILES[peer],
+    )
+
+
+#: Paths a ``ci`` run of a peer machine must reach (the suite's labels).
+REQUIRED_NANO: Final = frozenset(
+    {
+        *(f"config: block_size={bs}" for bs in BLOCK_SIZES if bs >= 2),
+        "config: max_num_seqs=1",
+        "preempt: recompute",
+        "re-prefill of prompt + kept outputs",
+        "max_num_seqs reached with requests waiting",
+        "finish: stop",
+        "finish: length",
+        "finish: EOS sampled but ignored",
+        "add: with EOS",
+        "add: identical requests",
+        "add: reused the id of a finished request",
+        "abort: waiting",
+        "abort: waiting after a preemption",
+        "abort: running (decoding)",
+        # Each rule of the profile made a difference against the real peer.
+        "nano-vllm/prefill-first: a prefill-only step with requests running",
+        "nano-vllm/decode-unbudgeted: a decode step over the token budget",
+        "nano-vllm/victim-next: a victim lifo would not have chosen",
+        "nano-vllm/seq-limit-per-step: more than max_num_seqs running",
+    }
+)
+#: nano-vllm never shows several victims in one step: N5 ends the example at its first
+#: preempting step (the victim stays in ``running``) before the step's events count.
+REQUIRED_VLLM: Final = {e for e in REQUIRED_NANO if not e.startswith("nano-vllm/")} | {
+    "vllm-v1/max-model-len: length at max_model_len",
+    # Not required: vllm-v1/priority-victim-any-running (a victim already scheduled in
+    # the step) needs a worse-priority request admitted before better ones under
+    # pressure; the ci run does not reach it (tests/peers/repros/priority_victim_scheduled
+    # does, and the stateful suite's machines against our engine).
+    "vllm-v1/full-sequence-admission: the gate held a request back",
+    "preempt: several victims in one step",
+    "config: block_size=1",
+    "config: chunked prefill on",
+    "config: chunked prefill off",
+    "config: policy=priority",
+    "admission held back by a preemption",
+    "chunked prefill: partial chunk",
+    "chunked prefill: last chunk of a resumed prefill",
+    "abort: running mid-prefill",
+}
+
+
+class PeerMachine(RecordedMachine):
+    PEER: ClassVar[str]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ready = False
+        self.stopped: KnownBug | None = None
+        self.next_id = 0
+        self.num_added = 0  # requests given to both sides (nano-vllm's first tokens)
+        self.eos = 0
+
+    # --- set-up and helpers ---------------------------------------------------------------
+
+    @initialize(
+        target=REQUESTS,
+        config=st.runner().flatmap(lambda machine: peer_configs(machine.PEER)),
+        eos=st.integers(0, VOCAB - 1),
+        initial=st.lists(FITTING, min_size=1, max_size=8),
+    )
+    @checked
+    def init_peer(
+        self, config: SchedulerConfig, eos: int, initial: list[NewRequest]
+    ) -> MultipleResults[str]:
+        self.config = config
+        self.eos = eos
+        peer = make_peer(self.PEER, config, eos_token_id=eos)
+        self.lock = Lockstep(peer, config, ORACLE)
+        self.ready = True
+        self.record.stats.examples += 1
+        self.note(f"config: policy={config.policy}")
+        self.note(f"config: block_size={config.block_size}")
+        self.note(f"config: chunked prefill {'on' if config.enable_chunked_prefill else 'off'}")
+        if config.max_num_seqs == 1:
+            self.note("config: max_num_seqs=1")
+        accepted: list[str] = []
+        with self.lockstep():
+            accepted = self.add_all(initial)
+        return multiple(*accepted)
+
+    @contextmanager
+    def lockstep(self) -> Iterator[None]:
+        """A divergence inside fails the example, unless it is a known peer bug: then the
+        example ends here (every later rule is a no-op), counted as an event."""
+        try:
+            yield
+        except Diverged as e:
+            bug = classify(self.PEER, e.divergence)
+            if bug is None:
+                fail("lockstep", f"{self.PEER}: {describe(e.divergence)}")
+            self.stopped = bug
+            self.note(f"known peer bug: {bug.id}")
+
+    def fresh_id(self) -> str:
+        self.next_id += 1
+        return f"r{self.next_id}"
+
+    def resolve(self, req: NewRequest) -> tuple[tuple[int, ...], SamplingParams]:
+        """The suite's sizes (fitting unless ``oversize``); tokens from ``salt``."""
+        prompt_len, max_tokens = fit_sizes(self.config, req)
+        rng = random.Random(req.salt)
+        prompt = tuple(rng.randrange(VOCAB) for _ in range(prompt_len))
+        priority = req.priority if self.config.policy == "priority" else 0
+        params = SamplingParams(max_tokens=max_tokens, priority=priority)
+        if self.PEER == "nano-vllm":
+            # One EOS for the engine: a request without one ignores it.
+            return prompt, replace(
+                params, eos_token_id=self.eos, ignore_eos=req.ignore_eos or req.eos is None
+            )
+        if req.eos is not None:
+            # An EOS the request really samples: one of its solo outputs.
+            outputs = toy_solo(prompt, params, ORACLE)
+            eos = outputs[req.eos % len(outputs)]
+            params = replace(params, eos_token_id=eos, ignore_eos=req.ignore_eos)
+        return prompt, params
+
+    def submit(self, request_id: str, prompt: tuple[int, ...], params: SamplingParams) -> bool:
+        """Add on both sides (Lockstep compares acceptance); whether it was accepted."""
+        if self.PEER == "nano-vllm":
+            prompt = (FIRST_TOKEN + self.num_added, *prompt[1:])
+        self.num_added += 1
+        self.lock.add(request_id, prompt, params)
+        if not spec.is_live(self.lock.state, request_id):
+            self.note("reject: RequestTooLargeError")
+            return False
+        if params.eos_token_id is not None and not params.ignore_eos:
+            self.note("add: with EOS")
+        return True
+
+    def add_all(self, reqs: list[NewRequest]) -> list[str]:
+        accepted = []
+        for req in reqs:
+            request_id = self.fresh_id()
+            if self.submit(request_id, *self.resolve(req)):
+                accepted.append(request_id)
+        return accepted
+
+    def do_step(self) -> StepPlan:
+        before = self.lock.state
+        # The spec's decisions again (pure), for the events of the profile rules they used.
+        mid, draft = spec.schedule(before)
+        try:
+            plan = self.lock.step()
+        except Diverged as e:
+            if e.divergence.field.startswith(("state", "blocks")):
+                # The plans agreed (they are compared first); count what they decided.
+                self.note_all(profile_events(before, mid, draft))
+            raise
+        self.record.stats.steps += 1
+        self.note_all(step_events(self.config, before, plan, self.lock.state))
+        self.note_all(profile_events(before, mid, plan))
+        return plan
+
+    def note_all(self, labels: Iterable[str]) -> None:
+        for label in labels:
+            self.note(label)
+
+    def running(self) -> bool:
+        return self.ready and self.stopped is None
+
+    # --- rules ------------------------------------------------------------------------------
+
+    @precondition(lambda self: self.running())
+    @rule(target=REQUESTS, req=FITTING)
+    @checked
+    def add_request(self, req: NewRequest) -> MultipleResults[str]:
+        return self.add_requests([req])
+
+    @precondition(lambda self: self.running())
+    @rule(target=REQUESTS, req=OVERSIZE)
+    @checked
+    def add_oversize(self, req: NewRequest) -> MultipleResults[str]:
+        """A request the suite does not clamp to fit: R4 (or vllm-v1/max-model-len)."""
+        return self.add_requests([req])
+
+    @precondition(lambda self: self.running())
+    @rule(target=REQUESTS, reqs=st.lists(FITTING, min_size=2, max_size=6))
+    @checked
+    def add_burst(self, reqs: list[NewRequest]) -> MultipleResults[str]:
+        return self.add_requests(reqs)
+
+    @precondition(lambda self: self.running())
+    @rule(target=REQUESTS, req=FITTING, copies=st.integers(2, 6))
+    @checked
+    def add_identical(self, req: NewRequest, copies: int) -> MultipleResults[str]:
+        """The same request several times: exact ties for the scheduler (nano-vllm:
+        identical but for the first token, see above)."""
+        self.note("add: identical requests")
+        return self.add_requests([req] * copies)
+
+    def add_requests(self, reqs: list[NewRequest]) -> MultipleResults[str]:
+        accepted: list[str] = []
+        with self.lockstep():
+            accepted = self.add_all(reqs)
+        return multiple(*accepted)
+
+    @precondition(lambda self: self.running())
+    @rule(request_id=REQUESTS, req=FITTING)
+    @checked
+    def add_with_used_id(self, request_id: str, req: NewRequest) -> None:
+        """Reuse the id of a finished or aborted request (a live id is a duplicate, which
+        the peers' front ends refuse, not their schedulers: not drawn)."""
+        if spec.is_live(self.lock.state, request_id):
+            return
+        with self.lockstep():
+            if self.submit(request_id, *self.resolve(req)):
+                self.note("add: reused the id of a finished request")
+
+    @precondition(lambda self: self.running())
+    @rule(request_id=consumes(REQUESTS))
+    @checked
+    def abort(self, request_id: str) -> None:
+        """Abort an id added earlier if it is still live."""
+        if spec.is_live(self.lock.state, request_id):
+            self.abort_id(request_id)
+
+    @precondition(lambda self: self.running() and spec.has_unfinished_requests(self.lock.state))
+    @rule(
+        queue=st.sampled_from(("waiting", "running", "prefilling")),
+        pick=st.integers(0, 2**16),
+    )
+    @checked
+    def abort_live(self, queue: str, pick: int) -> None:
+        """Abort a live request of ``queue`` (``prefilling``: running, in the middle of a
+        chunked prefill), or of the first non-empty queue."""
+        state = self.lock.state
+        chosen = {
+            "waiting": state.waiting,
+            "running": state.running,
+            "prefilling": tuple(
+                r for r in state.running if r.num_tokens - r.num_computed_tokens > 1
+            ),
+        }
+        candidates = chosen[queue] or state.waiting or state.running
+        self.abort_id(candidates[pick % len(candidates)].request_id)
+
+    def abort_id(self, request_id: str) -> None:
+        where = find_live(self.lock.state, request_id)
+        assert where is not None
+        with self.lockstep():
+            self.lock.abort(request_id)
+            self.lock.compare_states()
+            self.note(abort_label(*where))
+
+    @rule()
+    @checked
+    def step(self) -> None:
+        """One step (after a known peer bug ended the example: nothing, the one rule
+        that stays valid)."""
+        if self.running():
+            with self.lockstep():
+                self.do_step()
+
+    @precondition(lambda self: self.running())
+    @rule(n=st.integers(2, 10))
+    @checked
+    def run_steps(self, n: int) -> None:
+        with self.lockstep():
+            for _ in range(n):
+                self.do_step()
+
+    @precondition(lambda self: self.running())
+    @rule(limit=st.integers(1, 40), abort_victim=st.booleans())
+    @checked
+    def run_until_preemption(self, limit: int, abort_victim: bool) -> None:
+        """Step until a step preempts; then maybe abort its last victim at once, while
+        it waits after the preemption."""
+        plan: StepPlan | None = None
+        with self.lockstep():
+            for _ in range(limit):
+                plan = self.do_step()
+                if plan.preempted:
+                    break
+        if self.running() and abort_victim and plan is not None and plan.preempted:
+            victim = plan.preempted[-1].request_id
+            if spec.is_live(self.lock.state, victim):
+                self.abort_id(victim)
+
+    # --- teardown: a bounded drain ---------------------------------------------------------
+
+    def teardown(self) -> None:
+        if not self.running() or not self.settled:
+            return  # a rule failed (report that), or a known peer bug ended the example
+        start = self.lock.state
+        bound = drain_bound(start, lifo_proof=self.PEER == "vllm" and self.config.policy == "lifo")
+        seen: set[ProgressKey] = set()
+        steps = 0
+        with self.lockstep():
+            while self.lock.unfinished():
+                if steps >= bound:
+                    fail(
+                        "drain_bound",
+                        f"{self.PEER}: {spec.num_unfinished_requests(self.lock.state)} "
+                        f"requests still live after {steps} drain steps (bound {bound}): "
+                        "the peer hangs",
+                    )
+                self.do_step()
+                steps += 1
+                self.record.stats.drain_steps += 1
+                key = progress_key(self.lock.state)
+                if key in seen:
+                    fail("no_livelock", f"{self.PEER}: state repeats after {steps} drain steps")
+                seen.add(key)
+            self.lock.finish()

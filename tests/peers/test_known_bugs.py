@@ -1,0 +1,133 @@
+"""Known peer bugs (``kvsched.peers.known``, docs/peers.md), pinned to the peer's version.
+
+Each bug has a test of the right behaviour that fails on the version it was found in
+(``xfail(strict=True)``): when an upstream fix lands, the test passes, strict xfail
+turns that into a failure, and the entry (and the machines' early stop) must go. On
+another version the mark does not apply and the test must pass as written. Each also
+has a test that the lockstep divergence it causes carries the signature the peer
+machines classify it by.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kvsched.peers import make_peer
+from kvsched.peers.known import N2_N6, N5, KnownBug, classify, installed_version
+from kvsched.peers.lockstep import run_workload
+from kvsched.peers.protocol import PeerFailure
+from kvsched.workload import WorkloadRequest
+from spec.oracle import HashOracle
+from spec.types import InvalidRequestError, SamplingParams, SchedulerConfig, Semantics
+from tests.cli.helpers import Invoke
+from tests.peers.conftest import require_peer
+
+ORACLE = HashOracle(vocab_size=8)
+PARAMS = SamplingParams(max_tokens=2, ignore_eos=True)
+
+
+def nano_config(fields: dict[str, int]) -> SchedulerConfig:
+    return SchedulerConfig(
+        num_gpu_blocks=fields["num_gpu_blocks"],
+        block_size=fields["block_size"],
+        max_num_batched_tokens=fields.get("max_num_batched_tokens", 2048),
+        enable_chunked_prefill=False,
+        semantics=Semantics.NANO_VLLM,
+    )
+
+
+def on_pinned_version(bug: KnownBug) -> pytest.MarkDecorator:
+    return pytest.mark.xfail(
+        installed_version(bug) == bug.version,
+        reason=f"{bug.id} in {bug.distribution} {bug.version}: {bug.summary}",
+        raises=(AssertionError, PeerFailure),
+        strict=True,
+    )
+
+
+#: tests/peers/repros/running_keeps_victim.jsonl: two requests, one block each, that
+#: both need a second block at their first decode.
+N5_CONFIG = {"num_gpu_blocks": 2, "block_size": 2}
+N5_WORKLOAD = [
+    WorkloadRequest(request_id="r0", prompt=(201, 2), params=PARAMS),
+    WorkloadRequest(request_id="r1", prompt=(202, 3), params=PARAMS),
+]
+#: A request that never fits the pool (N6), and one longer than the budget (N2).
+NEVER_SCHEDULED = {
+    "never-fits": ({"num_gpu_blocks": 2, "block_size": 4}, tuple(range(1, 10))),
+    "longer-than-budget": (
+        {"num_gpu_blocks": 8, "block_size": 4, "max_num_batched_tokens": 4},
+        (201, 2, 3, 4, 5, 6),
+    ),
+}
+
+
+@on_pinned_version(N5)
+def test_n5_a_preempted_victim_leaves_running() -> None:
+    require_peer("nano-vllm")
+    peer = make_peer("nano-vllm", nano_config(N5_CONFIG))
+    for r in N5_WORKLOAD:
+        peer.add_request(r.request_id, r.prompt, r.params)
+    preempted = False
+    while peer.has_unfinished_requests() and not preempted:
+        preempted = bool(peer.step(ORACLE).preempted)
+        state = peer.observe().state
+        ids = [r.request_id for r in (*state.waiting, *state.running)]
+        assert len(ids) == len(set(ids)), f"a request is queued twice: {ids}"
+    assert preempted
+
+
+@on_pinned_version(N2_N6)
+@pytest.mark.parametrize("case", sorted(NEVER_SCHEDULED))
+def test_n2_n6_a_request_that_can_never_run_is_refused_or_harmless(case: str) -> None:
+    require_peer("nano-vllm")
+    fields, prompt = NEVER_SCHEDULED[case]
+    peer = make_peer("nano-vllm", nano_config(fields))
+    try:
+        peer.add_request("r0", prompt, PARAMS)
+    except InvalidRequestError:
+        return
+    peer.step(ORACLE)  # raises PeerFailure (AssertionError in schedule()) on 20260210
+
+
+@pytest.mark.parametrize(
+    ("bug", "config", "workload"),
+    [
+        (N5, nano_config(N5_CONFIG), N5_WORKLOAD),
+        *(
+            (
+                N2_N6,
+                nano_config(fields),
+                [WorkloadRequest(request_id="r0", prompt=prompt, params=PARAMS)],
+            )
+            for fields, prompt in NEVER_SCHEDULED.values()
+        ),
+    ],
+    ids=["N5", *NEVER_SCHEDULED],
+)
+def test_the_machines_recognise_the_bug(
+    bug: KnownBug, config: SchedulerConfig, workload: list[WorkloadRequest]
+) -> None:
+    """On the pinned version the lockstep run diverges with the bug's signature."""
+    require_peer("nano-vllm")
+    if installed_version(bug) != bug.version:
+        pytest.skip(f"{bug.id} is pinned to {bug.distribution} {bug.version}")
+    report = run_workload(make_peer("nano-vllm", config), config, workload, ORACLE)
+    assert report.divergence is not None
+    assert classify("nano-vllm", report.divergence) is bug, report.divergence
+
+
+def test_conform_names_a_known_peer_bug(invoke: Invoke) -> None:
+    require_peer("nano-vllm")
+    if installed_version(N5) != N5.version:
+        pytest.skip(f"N5 is pinned to {N5.distribution} {N5.version}")
+    repro = Path(__file__).parent / "repros" / "running_keeps_victim.jsonl"
+    result = invoke(
+        "conform", "--engine", "nano-vllm", str(repro), "--num-gpu-blocks", "2",
+        "--block-size", "2", "--no-enable-chunked-prefill",
+    )  # fmt: skip
+    lines = result.out.splitlines()
+    assert result.code == 1 and lines[0].startswith("conform: DIVERGED at step 1: state.running")
+    assert lines[1].startswith("  known peer bug N5 in nano-vllm-fork 20260210 (docs/peers.md): ")
