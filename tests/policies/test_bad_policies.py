@@ -23,7 +23,7 @@ from hypothesis.stateful import MultipleResults, initialize, run_state_machine_a
 import impl.policies
 import spec
 import spec.policies
-from spec.types import PreemptionMode, SchedulerConfig
+from spec.types import PreemptionMode, SchedulerConfig, Semantics
 from tests.policies.bad import BAD_POLICIES
 from tests.stateful.base import REQUESTS, checked
 from tests.stateful.failures import InvariantViolation
@@ -61,7 +61,7 @@ def machine_for(name: str, mode: PreemptionMode | None) -> type[SchedulerDiffere
 
         @initialize(
             target=REQUESTS,
-            config=engine_configs().map(with_bad_policy),
+            config=engine_configs(semantics_choices=(Semantics.KVSCHED,)).map(with_bad_policy),
             initial=INITIAL_REQUESTS,
         )
         @checked
