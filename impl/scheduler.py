@@ -41,6 +41,7 @@ from impl.rollback import rollback
 from impl.scheduler_output import SchedulerOutput
 from impl.sequence import Sequence, SequenceStatus
 from spec.types import (
+    ConfigError,
     DuplicateRequestError,
     EmptyPromptError,
     FinishedRequest,
@@ -80,6 +81,8 @@ class Scheduler:
         vocab_size: int | None = None,
         enable_preemption: bool = True,
     ) -> None:
+        if config.enable_prefix_caching:
+            raise ConfigError("the engine does not implement prefix caching yet")
         self.config = config
         self.policy: Policy = make_policy(config.policy)
         self.policy.bind(config)
