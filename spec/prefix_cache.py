@@ -120,10 +120,10 @@ def longest_hit(
         by_key.setdefault(key, block)
     hit: list[int] = []
     for index in range(max_hit_blocks(len(tokens), block_size)):
-        block = by_key.get(block_key(tokens, index, block_size))
-        if block is None:
+        found = by_key.get(block_key(tokens, index, block_size))
+        if found is None:
             break
-        hit.append(block)
+        hit.append(found)
     return tuple(hit)
 
 
@@ -249,15 +249,17 @@ def pool_violations(
         if len(ids) != -(-computed // block_size):
             found.append(f"PC1: request {rid!r} holds {len(ids)} blocks for {computed} tokens")
         tokens = request_tokens(request)
-        for index, block in enumerate(ids):
-            key = key_of.get(block)
-            if key is None:
-                if counts[block] > 1:
-                    found.append(f"PC9: block {block} is shared but has no key")
+        for index, held in enumerate(ids):
+            held_key = key_of.get(held)
+            if held_key is None:
+                if counts[held] > 1:
+                    found.append(f"PC9: block {held} is shared but has no key")
                 continue
-            if (index + 1) * block_size > computed or key != block_key(tokens, index, block_size):
+            if (index + 1) * block_size > computed or held_key != block_key(
+                tokens, index, block_size
+            ):
                 found.append(
-                    f"PC9: block {block} of {rid!r} (index {index}) has a key that is not "
+                    f"PC9: block {held} of {rid!r} (index {index}) has a key that is not "
                     "its computed prefix"
                 )
     return found

@@ -30,6 +30,7 @@ from spec.invariants import (  # noqa: F401  (used by the PEP 316 contracts)
     live_ids_sorted,
 )
 from spec.kv import blocks_held, blocks_needed, cdiv, chunk_for_prefill
+from spec.policies import Policy, always_admit, get_policy, select_victim
 from spec.prefix_cache import (
     give_keys,
     holders,
@@ -40,7 +41,6 @@ from spec.prefix_cache import (
     take,
     touch,
 )
-from spec.policies import Policy, always_admit, get_policy, select_victim
 from spec.types import (
     FinishedRequest,
     FinishReason,
@@ -426,7 +426,8 @@ def admit_waiting(draft: StepDraft) -> StepDraft:
     running = list(state.running)
     admitted: set[str] = set()
     chunks: list[ScheduledChunk] = []
-    for request in policy.order_waiting(state.waiting):
+    for candidate in policy.order_waiting(state.waiting):
+        request = candidate
         if len(running) >= config.max_num_seqs or budget == 0:
             break
         tokens = request_tokens(request)
@@ -450,7 +451,7 @@ def admit_waiting(draft: StepDraft) -> StepDraft:
             cache, new = take(touch(cache, hit), gpu_blocks)
             block_ids = (*hit, *new)
             cache = give_keys(cache, tokens, block_ids, start + n, bs)
-            request = replace(request, num_computed_tokens=start, block_ids=block_ids)
+            request = replace(candidate, num_computed_tokens=start, block_ids=block_ids)
         running.append(request)
         admitted.add(request.request_id)
         chunks.append(ScheduledChunk(request_id=request.request_id, start=start, num_tokens=n))
