@@ -36,18 +36,19 @@ from impl.block_manager import BlockManager, cdiv
 from impl.invariants import check_invariants
 from impl.plan import make_plan
 from impl.policies import Policy, make_policy
+from impl.prefix_cache import PrefixCachingBlockManager
 from impl.queues import WaitingQueue
 from impl.rollback import rollback
 from impl.scheduler_output import SchedulerOutput
 from impl.sequence import Sequence, SequenceStatus
 from spec.types import (
-    ConfigError,
     DuplicateRequestError,
     EmptyPromptError,
     FinishedRequest,
     FinishReason,
     InvalidMaxTokensError,
     PreemptionMode,
+    PrefixCacheState,
     Request,
     RequestTooLargeError,
     SampledTokensError,
@@ -81,8 +82,6 @@ class Scheduler:
         vocab_size: int | None = None,
         enable_preemption: bool = True,
     ) -> None:
-        if config.enable_prefix_caching:
-            raise ConfigError("the engine does not implement prefix caching yet")
         self.config = config
         self.policy: Policy = make_policy(config.policy)
         self.policy.bind(config)
@@ -91,7 +90,14 @@ class Scheduler:
         self.vocab_size = vocab_size
         self.enable_preemption = enable_preemption
         self.block_size = config.block_size
-        self.gpu = BlockManager(config.num_gpu_blocks)
+        # PC1-PC9: with prefix caching the GPU pool shares blocks by reference count.
+        self.prefix_cache: PrefixCachingBlockManager | None = None
+        self.gpu: BlockManager | PrefixCachingBlockManager
+        if config.enable_prefix_caching:
+            self.prefix_cache = PrefixCachingBlockManager(config.num_gpu_blocks, config.block_size)
+            self.gpu = self.prefix_cache
+        else:
+            self.gpu = BlockManager(config.num_gpu_blocks)
         self.cpu = BlockManager(config.num_cpu_blocks)
         self.waiting: WaitingQueue = self.policy.new_waiting_queue()
         self.running: list[Sequence] = []
@@ -211,6 +217,8 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         """Phases A-C of one step (R5-R8); on any error the partial work is undone."""
         out = SchedulerOutput(self.num_steps, self.num_cached_tokens)
+        if self.prefix_cache is not None:
+            self.prefix_cache.begin()
         try:
             budget = phases.schedule_running(self, out, self.config.max_num_batched_tokens)
             if not out.preempted:
@@ -234,7 +242,10 @@ class Scheduler:
         ``sampled_token_ids`` holds one token per sampling chunk, in plan order.
         Returns the finished requests in plan order; ``num_steps`` goes up by one.
         """
-        return phases.commit(self, out, sampled_token_ids)
+        finished = phases.commit(self, out, sampled_token_ids)
+        if self.prefix_cache is not None:
+            self.prefix_cache.end()
+        return finished
 
     def rollback(self, out: SchedulerOutput) -> None:
         """Undo ``schedule()`` exactly (``impl/rollback.py``); only before ``commit``."""
@@ -264,15 +275,22 @@ class Scheduler:
 
     def observe(self) -> SchedulerState:
         """The state projected onto ``spec.types.SchedulerState`` (compare with ``==``)."""
+        cache = self.prefix_cache
+        keep = cache is not None
         return SchedulerState(
             config=self.config,
             num_free_gpu_blocks=self.gpu.num_free_blocks,
             num_free_cpu_blocks=self.cpu.num_free_blocks,
             waiting=tuple(seq.to_state() for seq in self.waiting.stored()),
-            running=tuple(seq.to_state() for seq in self.running),
+            running=tuple(seq.to_state(with_blocks=keep) for seq in self.running),
             swapped=tuple(seq.to_state() for seq in self.swapped),
             next_arrival=self.next_arrival,
             num_steps=self.num_steps,
+            prefix_cache=None
+            if cache is None
+            else PrefixCacheState(
+                free_queue=tuple(cache.free_queue()), cached=tuple(cache.cached())
+            ),
         )
 
     def check_invariants(self) -> None:
