@@ -65,7 +65,10 @@ Key = tuple[int, ...]
 
 
 def request_tokens(request: RequestState) -> tuple[int, ...]:
-    """The request's prompt followed by its outputs: what its blocks hold, in order."""
+    """The request's prompt followed by its outputs: what its blocks hold, in order.
+
+    post: len(__return__) == request.num_tokens
+    """
     return (*request.request.prompt_token_ids, *request.output_token_ids)
 
 
@@ -104,7 +107,10 @@ def num_full_blocks(num_tokens: int, block_size: int) -> int:
 
 
 def cached_block(cache: PrefixCacheState, key: Key) -> int | None:
-    """PC3: the block that got ``key`` first, or None."""
+    """PC3: the block that got ``key`` first, or None.
+
+    post: __return__ is None or (key, __return__) in cache.cached
+    """
     for cached_key, block in cache.cached:
         if cached_key == key:
             return block
@@ -114,7 +120,12 @@ def cached_block(cache: PrefixCacheState, key: Key) -> int | None:
 def longest_hit(
     cache: PrefixCacheState, tokens: tuple[int, ...], block_size: int
 ) -> tuple[int, ...]:
-    """PC3: the blocks of the longest cached prefix of ``tokens``, capped by ``max_hit_blocks``."""
+    """PC3: the blocks of the longest cached prefix of ``tokens``, capped by ``max_hit_blocks``.
+
+    pre: len(tokens) >= 1
+    pre: block_size >= 1
+    post: len(__return__) <= max_hit_blocks(len(tokens), block_size)
+    """
     by_key: dict[Key, int] = {}
     for key, block in cache.cached:
         by_key.setdefault(key, block)
@@ -128,13 +139,21 @@ def longest_hit(
 
 
 def num_evictable(cache: PrefixCacheState, blocks: Iterable[int]) -> int:
-    """PC4: how many of ``blocks`` sit in the free queue (a hit on them takes a free block)."""
+    """PC4: how many of ``blocks`` sit in the free queue (a hit on them takes a free block).
+
+    post: __return__ >= 0
+    """
     free = set(cache.free_queue)
     return sum(1 for block in blocks if block in free)
 
 
 def touch(cache: PrefixCacheState, blocks: tuple[int, ...]) -> PrefixCacheState:
-    """PC4: hit blocks that were free leave the free queue; the queue keeps its order."""
+    """PC4: hit blocks that were free leave the free queue; the queue keeps its order.
+
+    post: __return__.cached == cache.cached
+    post: all(block not in __return__.free_queue for block in blocks)
+    post: all(block in cache.free_queue for block in __return__.free_queue)
+    """
     hit = set(blocks)
     return PrefixCacheState(
         free_queue=tuple(b for b in cache.free_queue if b not in hit), cached=cache.cached
@@ -172,6 +191,12 @@ def give_keys(
     """PC2: every block of ``block_ids`` full once ``num_tokens`` tokens are computed gets its key.
 
     Blocks that already have a key keep it (by PC9 it is the same key).
+
+    pre: block_size >= 1
+    pre: 0 <= num_tokens <= len(tokens)
+    pre: num_tokens // block_size <= len(block_ids)
+    post: __return__.free_queue == cache.free_queue
+    post: __return__.cached[: len(cache.cached)] == cache.cached
     """
     keyed = {block for _, block in cache.cached}
     new = [
@@ -184,8 +209,11 @@ def give_keys(
     return PrefixCacheState(free_queue=cache.free_queue, cached=(*cache.cached, *new))
 
 
-def holders(running: Iterable[RequestState]) -> Counter[int]:
-    """PC1: each block's reference count, the number of these requests that hold it."""
+def holders(running: tuple[RequestState, ...]) -> Counter[int]:
+    """PC1: each block's reference count, the number of these requests that hold it.
+
+    post: sum(__return__.values()) == sum(len(r.block_ids) for r in running)
+    """
     counts: Counter[int] = Counter()
     for request in running:
         counts.update(request.block_ids)
@@ -198,6 +226,10 @@ def release(
     """PC6: give up ``block_ids``; those no other holder has join the tail, in reverse order.
 
     ``others`` counts the holders besides the request that lets go. Keys are kept.
+
+    post: __return__.cached == cache.cached
+    post: __return__.free_queue[: len(cache.free_queue)] == cache.free_queue
+    post: len(__return__.free_queue) <= len(cache.free_queue) + len(block_ids)
     """
     freed = tuple(block for block in reversed(block_ids) if others[block] == 0)
     if not freed:
@@ -218,6 +250,8 @@ def pool_violations(
     Between steps a running request holds ``cdiv(computed, bs)`` blocks; in the middle
     of a step a scheduled one already holds the blocks of its chunk, which
     ``extra_tokens`` (request id -> chunk size) adds to its computed count.
+
+    post: isinstance(__return__, list)
     """
     found: list[str] = []
     extra = extra_tokens or {}

@@ -324,7 +324,7 @@ def schedule_running(draft: StepDraft) -> StepDraft:
             if cache is None:
                 free += blocks_held(held, bs)
             else:  # PC6, PC7: shared blocks stay with their other holders
-                cache = release(cache, victim.block_ids, holders(running))
+                cache = release(cache, victim.block_ids, holders(tuple(running)))
                 free = len(cache.free_queue)
                 after = replace(after, block_ids=())
             preempted.append(Preemption(request_id=victim.request_id, mode=mode))
