@@ -57,7 +57,7 @@ Swap preemption is refused with caching on (``ConfigError``): vLLM V1 has no swa
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from spec.types import PrefixCacheState, RequestState
 
@@ -221,7 +221,7 @@ def holders(running: tuple[RequestState, ...]) -> Counter[int]:
 
 
 def release(
-    cache: PrefixCacheState, block_ids: tuple[int, ...], others: Counter[int]
+    cache: PrefixCacheState, block_ids: tuple[int, ...], others: Mapping[int, int]
 ) -> PrefixCacheState:
     """PC6: give up ``block_ids``; those no other holder has join the tail, in reverse order.
 
@@ -231,7 +231,7 @@ def release(
     post: __return__.free_queue[: len(cache.free_queue)] == cache.free_queue
     post: len(__return__.free_queue) <= len(cache.free_queue) + len(block_ids)
     """
-    freed = tuple(block for block in reversed(block_ids) if others[block] == 0)
+    freed = tuple(block for block in reversed(block_ids) if not others.get(block, 0))
     if not freed:
         return cache
     return PrefixCacheState(free_queue=(*cache.free_queue, *freed), cached=cache.cached)
@@ -251,6 +251,8 @@ def pool_violations(
     of a step a scheduled one already holds the blocks of its chunk, which
     ``extra_tokens`` (request id -> chunk size) adds to its computed count.
 
+    pre: block_size >= 1
+    pre: num_blocks >= 0
     post: isinstance(__return__, list)
     """
     found: list[str] = []
