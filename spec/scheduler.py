@@ -84,6 +84,8 @@ class StepDraft:
     scheduled: tuple[ScheduledChunk, ...] = ()
     preempted: tuple[Preemption, ...] = ()
     swapped_in: tuple[str, ...] = ()
+    #: The victims whose chunk of this step was undone (vllm-v1/priority-victim-any-running).
+    undone: tuple[str, ...] = ()
 
 
 def draft_violations(before: StepDraft, after: StepDraft) -> tuple[str, ...]:
@@ -298,6 +300,7 @@ def schedule_running(draft: StepDraft) -> StepDraft:
     free = state.num_free_gpu_blocks
     free_cpu = state.num_free_cpu_blocks
     budget = draft.budget
+    undone: list[str] = []
     i = 0
     phase_over = False
     while not phase_over and i < len(running):
@@ -316,9 +319,10 @@ def schedule_running(draft: StepDraft) -> StepDraft:
             victim = running.pop(k)
             held = victim.num_computed_tokens
             if k < i:  # vllm-v1/priority-victim-any-running: undo its chunk
-                undone = chunks.pop(k)
-                budget += undone.num_tokens
-                held += undone.num_tokens
+                chunk = chunks.pop(k)
+                undone.append(chunk.request_id)
+                budget += chunk.num_tokens
+                held += chunk.num_tokens
                 i -= 1
             after, mode = preempt(victim, config, free_cpu)
             if cache is None:
@@ -333,7 +337,7 @@ def schedule_running(draft: StepDraft) -> StepDraft:
                 to_swapped.append(after)
             else:
                 to_waiting.append(after)
-            if k == i:
+            if victim is request:
                 phase_over = True
                 break
         if not phase_over:
@@ -367,6 +371,7 @@ def schedule_running(draft: StepDraft) -> StepDraft:
         budget=budget,
         scheduled=(*draft.scheduled, *chunks),
         preempted=(*draft.preempted, *preempted),
+        undone=(*draft.undone, *undone),
     )
 
 
