@@ -43,8 +43,9 @@ PREFIX_EVENTS: Final = frozenset(
     }
 )
 
-#: The machines with caching on never swap (caching refuses swap mode).
-_SWAP_EVENTS: Final = frozenset(
+#: The machines with caching on never swap (caching refuses swap mode) and run the
+#: kvsched profile only (caching is refused with the peer profiles).
+_UNREACHABLE_WITH_CACHING: Final = frozenset(
     {
         "config: mode=swap",
         "preempt: swap",
@@ -53,10 +54,16 @@ _SWAP_EVENTS: Final = frozenset(
         "abort: swapped",
         "fault: swap-out copy",
         "fault: swap-in copy",
+        *(
+            event
+            for event in REQUIRED_EVENTS
+            if event.startswith(("vllm-v1/", "nano-vllm/"))
+            or (event.startswith("config: semantics=") and event != "config: semantics=kvsched")
+        ),
     }
 )
 
-PREFIX_REQUIRED_EVENTS: Final = (REQUIRED_EVENTS - _SWAP_EVENTS) | PREFIX_EVENTS
+PREFIX_REQUIRED_EVENTS: Final = (REQUIRED_EVENTS - _UNREACHABLE_WITH_CACHING) | PREFIX_EVENTS
 
 
 class PrefixRules(DifferentialMachine):
