@@ -30,6 +30,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 from collections.abc import Sequence as SequenceABC
+from dataclasses import replace
 
 from impl import phases
 from impl.block_manager import BlockManager, cdiv
@@ -314,13 +315,18 @@ class Scheduler:
     def observe(self) -> SchedulerState:
         """The state projected onto ``spec.types.SchedulerState`` (compare with ``==``)."""
         cache = self.prefix_cache
-        keep = cache is not None
+        running = tuple(seq.to_state() for seq in self.running)
+        if cache is not None:  # PC1: the spec sees each running request's block ids
+            running = tuple(
+                replace(state, block_ids=tuple(seq.block_table))
+                for state, seq in zip(running, self.running, strict=True)
+            )
         return SchedulerState(
             config=self.config,
             num_free_gpu_blocks=self.gpu.num_free_blocks,
             num_free_cpu_blocks=self.cpu.num_free_blocks,
             waiting=tuple(seq.to_state() for seq in self.waiting.stored()),
-            running=tuple(seq.to_state(with_blocks=keep) for seq in self.running),
+            running=running,
             swapped=tuple(seq.to_state() for seq in self.swapped),
             next_arrival=self.next_arrival,
             num_steps=self.num_steps,

@@ -93,17 +93,13 @@ class Sequence:
     def output_token_ids(self) -> tuple[int, ...]:
         return tuple(self.token_ids[self.num_prompt_tokens :])
 
-    def to_state(self, *, with_blocks: bool = False) -> RequestState:
-        """The spec's view of this request (used by ``observe()``).
-
-        ``with_blocks``: prefix caching is on, and the spec sees the block ids.
-        """
+    def to_state(self) -> RequestState:
+        """The spec's view of this request (used by ``observe()``)."""
         return RequestState(
             request=self.request,
             output_token_ids=self.output_token_ids,
             num_computed_tokens=self.num_computed,
             num_preemptions=self.num_preemptions,
-            block_ids=tuple(self.block_table) if with_blocks else (),
         )
 
     def to_finished(self, reason: FinishReason) -> FinishedRequest:
