@@ -2,8 +2,9 @@
 
 Blocks are shared by reference count. Free blocks sit in a doubly linked free queue
 (vLLM's ``FreeKVCacheBlockQueue``): allocation pops the head (the least recently
-freed block), a freed block is appended at the tail, and a hit on a free cached block
-unlinks it from the middle, all in O(1). A full block is keyed by a chained hash,
+freed block), a freed block with a key is appended at the tail and one without a key
+put at the head, and a hit on a free cached block unlinks it from the middle, all in
+O(1). A full block is keyed by a chained hash,
 ``hash((parent_hash, block_tokens))``; the map from hash to blocks keeps, per hash,
 the blocks in the order they got it, and a lookup compares the stored parent hash
 and tokens (so two prefixes whose hashes collide are never confused, short of a
@@ -32,7 +33,7 @@ _ROOT_HASH = 0  # the parent hash of a sequence's first block
 
 # Journal entry kinds.
 _UNLINK = 0  # (kind, block, previous block in the queue or the sentinel)
-_APPEND = 1  # (kind, block)
+_LINK = 1  # (kind, block): linked into the queue (appended or prepended)
 _REF = 2  # (kind, block, delta)
 _SET_KEY = 3  # (kind, block)
 _DROP_KEY = 4  # (kind, block, hash, parent hash, tokens, node, stamp)
@@ -139,7 +140,7 @@ class PrefixCachingBlockManager:
     def _append(self, block: int) -> None:
         self._insert_after(self._prev[self.num_blocks], block)
         if self._journal is not None:
-            self._journal.append((_APPEND, block))
+            self._journal.append((_LINK, block))
 
     def free_queue(self) -> list[int]:
         """The free blocks, head first (O(free): for observe and tests)."""
@@ -258,15 +259,29 @@ class PrefixCachingBlockManager:
             table.append(block)
 
     def free(self, table: list[int]) -> None:
-        """PC6: give up ``table``'s blocks in reverse order; unreferenced ones join the tail."""
+        """PC6: give up ``table``'s blocks in reverse order; unreferenced ones come free.
+
+        A keyed block joins the tail (it may still be hit); one without a key goes to
+        the head, to be reused first.
+        """
         ref = self._ref
         for block in table:
             if ref[block] < 1:
                 raise BlockAllocationError(f"block {block} freed twice")
+        first: list[int] = []
         for block in reversed(table):
             self._add_ref(block, -1)
             if ref[block] == 0:
-                self._append(block)
+                if self._hash[block] is None:
+                    first.append(block)
+                else:
+                    self._append(block)
+        prev = self.num_blocks  # the sentinel: the head
+        for block in first:
+            self._insert_after(prev, block)
+            if self._journal is not None:
+                self._journal.append((_LINK, block))
+            prev = block
         table.clear()
 
     # --- the step's journal ------------------------------------------------------------
@@ -298,7 +313,7 @@ class PrefixCachingBlockManager:
                 prev = entry[2]
                 assert isinstance(prev, int)
                 self._insert_after(prev, block)
-            elif kind == _APPEND:
+            elif kind == _LINK:
                 prev, nxt = self._prev[block], self._next[block]
                 self._next[prev] = nxt
                 self._prev[nxt] = prev

@@ -36,9 +36,12 @@ rules, as in docs/semantics.md:
   (**reclaim**).
 - **PC6 (freeing).** A request that finishes, is preempted or aborted gives up its
   blocks in reverse table order; each block that no other running request holds
-  joins the tail of the free queue and keeps its key (cached but free), so a
-  request's last blocks are reclaimed before its first ones. Requests finishing in
-  one step give up their blocks one after the other, in plan order.
+  comes free: with a key it joins the tail of the free queue and keeps the key
+  (cached but free), so a request's last blocks are reclaimed before its first ones;
+  without one (a partly filled block, which nothing can hit) it goes to the head, to
+  be reused first (vLLM 0.32's ``BlockPool.free_blocks``: ``prepend_n`` for blocks
+  without a hash, ``append_n`` for the others). Requests finishing in one step give
+  up their blocks one after the other, in plan order.
 - **PC7 (preemption).** A victim gives up its blocks as in PC6 and holds none; when
   it is admitted again, PC3 may hit its own freed blocks (or another request's) for
   as long as they are not reclaimed.
@@ -223,18 +226,24 @@ def holders(running: tuple[RequestState, ...]) -> Counter[int]:
 def release(
     cache: PrefixCacheState, block_ids: tuple[int, ...], others: Mapping[int, int]
 ) -> PrefixCacheState:
-    """PC6: give up ``block_ids``; those no other holder has join the tail, in reverse order.
+    """PC6: give up ``block_ids``, last block first; those no other holder has come free.
 
-    ``others`` counts the holders besides the request that lets go. Keys are kept.
+    ``others`` counts the holders besides the request that lets go. A freed block with
+    a key joins the tail of the free queue and keeps its key; one without a key (never
+    hittable) goes to the head, to be reused first. Both groups keep the reverse table
+    order.
 
     post: __return__.cached == cache.cached
-    post: __return__.free_queue[: len(cache.free_queue)] == cache.free_queue
     post: len(__return__.free_queue) <= len(cache.free_queue) + len(block_ids)
+    post: all(block in __return__.free_queue for block in cache.free_queue)
     """
-    freed = tuple(block for block in reversed(block_ids) if not others.get(block, 0))
+    freed = [block for block in reversed(block_ids) if not others.get(block, 0)]
     if not freed:
         return cache
-    return PrefixCacheState(free_queue=(*cache.free_queue, *freed), cached=cache.cached)
+    keyed = {block for _, block in cache.cached}
+    first = tuple(block for block in freed if block not in keyed)
+    last = tuple(block for block in freed if block in keyed)
+    return PrefixCacheState(free_queue=(*first, *cache.free_queue, *last), cached=cache.cached)
 
 
 def pool_violations(

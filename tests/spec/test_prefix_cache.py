@@ -92,12 +92,14 @@ def test_a_hit_on_a_free_block_takes_it_out_of_the_queue_before_allocation() -> 
     assert new == (1,) and after.free_queue == (2,) and after.cached == cache.cached
 
 
-def test_reclaiming_drops_the_key_and_freeing_appends_in_reverse() -> None:
+def test_reclaiming_drops_the_key_and_freeing_keeps_keyed_blocks_longest() -> None:
     cache = PrefixCacheState(free_queue=(5, 6), cached=(((9,), 5),))
     after, blocks = take(cache, 1)
     assert blocks == (5,) and after.cached == ()
-    released = release(after, (1, 2, 3), Counter({2: 1}))
-    assert released.free_queue == (6, 3, 1)
+    keyed = PrefixCacheState(free_queue=after.free_queue, cached=(((1,), 1), ((1, 2), 4)))
+    released = release(keyed, (1, 4, 2, 3), Counter({2: 1}))
+    # Reverse table order; unkeyed 3 to the head, keyed 4 and 1 to the tail; 2 still held.
+    assert released.free_queue == (3, 6, 4, 1)
 
 
 def test_a_preempted_request_hits_its_own_freed_blocks() -> None:
