@@ -79,6 +79,8 @@ def draw(
     chunked = rng.random() < 0.8
     if fit:
         blocks, chunked = max(blocks, need), True
+        if nano:  # no chunked prefill: a recompute re-prefills P + M - 1 in one step (R4)
+            budget = max(budget, *(len(r.prompt) + r.params.max_tokens - 1 for r in workload))
     config = SchedulerConfig(
         num_gpu_blocks=blocks,
         block_size=block_size,
@@ -133,6 +135,15 @@ def run_with_aborts(
     except DrainError as e:
         divergence = Divergence(lock.steps, str(e), None, None)
     return LockstepReport(lock.steps, len(workload), lock.rejected, lock.preemptions, divergence)
+
+
+def keeps_victim(divergence: Divergence) -> bool:
+    """The peer's state has a request in both ``running`` and ``waiting`` (N5)."""
+    observed = divergence.engine_state
+    if observed is None:
+        return False
+    waiting = {r.request_id for r in observed.state.waiting}
+    return any(r.request_id in waiting for r in observed.state.running)
 
 
 def command(peer: str, path: Path, c: SchedulerConfig) -> str:
@@ -201,6 +212,8 @@ def main() -> int:
             agree += 1
             continue
         kind = re.sub(r"\[\d+\]", "[i]", re.sub(r"\('r\d+'\)", "(...)", report.divergence.field))
+        if keeps_victim(report.divergence):
+            kind = f"N5 (a victim also left in running: the fork's bug) at {kind}"
         kinds[kind] += 1
         if kind not in examples:
             example = f"seed {args.seed + k}: {report.divergence}"
