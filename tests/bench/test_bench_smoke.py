@@ -13,6 +13,7 @@ import torch
 from bench import (
     kv_utilization,
     preemption_cost,
+    prefix_caching,
     profile_step,
     scheduler_overhead,
     seed_workload,
@@ -36,6 +37,7 @@ QUICK: list[tuple[Main, str]] = [
     (kv_utilization.main, "block util"),
     (preemption_cost.main, "recompute"),
     (profile_step.main, "Scheduler.step"),
+    (prefix_caching.main, "outputs equal"),
 ]
 
 

@@ -29,24 +29,32 @@ SIZES: Final[Mapping[str, Mapping[str, Size]]] = {
         "EngineDifferential": Size(400, 50),
         "VllmMachine": Size(200, 30),
         "NanoVllmMachine": Size(200, 30),
+        "PrefixSchedulerDifferential": Size(1_000, 50),
+        "PrefixEngineDifferential": Size(150, 40),
     },
     "dev": {
         "SchedulerDifferential": Size(60, 40),
         "EngineDifferential": Size(15, 25),
         "VllmMachine": Size(30, 25),
         "NanoVllmMachine": Size(30, 25),
+        "PrefixSchedulerDifferential": Size(60, 40),
+        "PrefixEngineDifferential": Size(15, 25),
     },
     "nightly": {
         "SchedulerDifferential": Size(20_000, 100, targeting=True),
         "EngineDifferential": Size(6_000, 60, targeting=True),
         "VllmMachine": Size(5_000, 50),
         "NanoVllmMachine": Size(5_000, 50),
+        "PrefixSchedulerDifferential": Size(10_000, 100, targeting=True),
+        "PrefixEngineDifferential": Size(2_000, 60, targeting=True),
     },
     "mutation": {
         "SchedulerDifferential": Size(1_000, 40),
         "EngineDifferential": Size(200, 30),
         "VllmMachine": Size(30, 25),
         "NanoVllmMachine": Size(30, 25),
+        "PrefixSchedulerDifferential": Size(600, 40),
+        "PrefixEngineDifferential": Size(100, 30),
     },
 }
 
