@@ -27,6 +27,7 @@ estimate scans every running request.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Callable
 from collections.abc import Sequence as SequenceABC
@@ -48,6 +49,7 @@ from spec.types import (
     FinishedRequest,
     FinishReason,
     InvalidMaxTokensError,
+    InvalidSamplingParamsError,
     PreemptionMode,
     PrefixCacheState,
     Request,
@@ -177,6 +179,16 @@ class Scheduler:
                     raise TokenOutOfVocabError(
                         f"request {request_id!r}: token id {token!r} outside [0, {vocab})"
                     )
+        temperature = params.temperature
+        # A bad temperature would only fail in the sampler, mid-step, and fail every
+        # retry of that step: refused here, the other requests keep being served.
+        if not (
+            isinstance(temperature, int | float) and math.isfinite(temperature) and temperature >= 0
+        ):
+            raise InvalidSamplingParamsError(
+                f"request {request_id!r}: temperature must be a finite number >= 0, "
+                f"got {temperature!r}"
+            )
         if request_id in self.requests:
             raise DuplicateRequestError(f"request {request_id!r} is already live")
         self._check_fits(request_id, len(prompt), max_tokens)

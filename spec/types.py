@@ -74,6 +74,10 @@ class TokenOutOfVocabError(InvalidRequestError):
     """A prompt token id is negative or not below the model's vocabulary size."""
 
 
+class InvalidSamplingParamsError(InvalidRequestError):
+    """``temperature`` is negative or not a finite number: the engine could not sample."""
+
+
 class DuplicateRequestError(InvalidRequestError):
     """A live request already has this id."""
 

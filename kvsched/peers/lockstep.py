@@ -48,6 +48,7 @@ from spec.scheduler import TokenOracle
 from spec.types import (
     FinishedRequest,
     InvalidRequestError,
+    InvalidSamplingParamsError,
     RequestState,
     SampledTokensError,
     SamplingParams,
@@ -191,7 +192,8 @@ class Lockstep:
             )
         except InvalidRequestError as e:
             engine_error = e
-        if isinstance(engine_error, TokenOutOfVocabError):
+        # R4's engine-only checks: the spec neither knows the vocabulary nor samples.
+        if isinstance(engine_error, TokenOutOfVocabError | InvalidSamplingParamsError):
             self.rejected += 1
             return
         spec_error: InvalidRequestError | None = None

@@ -100,7 +100,7 @@ FILE_CASES: list[tuple[str, bytes, Answer]] = [
     ("ignore-eos-int", line(ignore_eos=1), Exit2(":2: field 'ignore_eos': expected bool, got int")),
     ("priority-float", line(priority=0.5), Exit2(":2: field 'priority': expected int, got float")),
     ("priority-huge", line(priority=-HUGE), Served()),
-    ("temperature-negative", line(temperature=-1), Exit2(":2: field 'temperature': expected a float >= 0, got -1.0")),
+    ("temperature-negative", line(temperature=-1), Rejected("InvalidSamplingParamsError")),
     ("temperature-string", line(temperature="hot"), Exit2(":2: field 'temperature': expected float, got str")),
     ("temperature-overflow", raw('{"id": "c", "prompt": [1], "max_tokens": 2, "temperature": 1e999}'), Exit2(":2: field 'temperature': expected a finite float, got inf")),
     ("temperature-huge", line(temperature=1e308, seed=3), Served()),

@@ -14,6 +14,7 @@ from spec.types import (
     FinishReason,
     InvalidMaxTokensError,
     InvalidRequestError,
+    InvalidSamplingParamsError,
     PreemptionMode,
     RequestTooLargeError,
     SamplingParams,
@@ -39,6 +40,19 @@ BAD_REQUESTS: list[tuple[str, Sequence[int], SamplingParams, type[InvalidRequest
     ("negative-token", [1, -1], P, TokenOutOfVocabError),
     ("vocab-token", [1, 256], P, TokenOutOfVocabError),
     ("float-token", [1, 2.0], P, TokenOutOfVocabError),  # type: ignore[list-item]
+    ("negative-temperature", [1, 2], SamplingParams(temperature=-1.0), InvalidSamplingParamsError),
+    (
+        "nan-temperature",
+        [1, 2],
+        SamplingParams(temperature=float("nan")),
+        InvalidSamplingParamsError,
+    ),
+    (
+        "inf-temperature",
+        [1, 2],
+        SamplingParams(temperature=float("inf")),
+        InvalidSamplingParamsError,
+    ),
     ("live", [1, 2], P, DuplicateRequestError),
     # L = 14 + 4 - 1 = 17 tokens = 9 blocks of 2 > 8 blocks.
     ("too-large", list(range(1, 15)), P, RequestTooLargeError),
