@@ -511,9 +511,9 @@ MUTANTS: tuple[Mutant, ...] = (
         "cm-length-off-by-one",
         "a request finishes one output after max_tokens, in spec and engine",
         (
-            SPEC_SCHED,
-            "    if num_outputs >= params.max_tokens:\n",
-            "    if num_outputs > params.max_tokens:\n",
+            "spec/profiles.py",
+            "    if num_outputs >= max_tokens:\n        return True\n",
+            "    if num_outputs > max_tokens:\n        return True\n",
         ),
         (PHASES, "computed + 1 == seq.stop_len:", "computed == seq.stop_len:"),
         expect=("spec_state_valid", "plan_valid"),

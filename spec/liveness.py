@@ -15,6 +15,7 @@ from dataclasses import replace
 from spec.invariants import check_state  # noqa: F401  (used by the PEP 316 contracts)
 from spec.kv import cdiv, chunk_for_prefill
 from spec.policies import get_policy
+from spec.profiles import full_sequence_fits, prefill_first
 from spec.scheduler import TokenOracle, step
 from spec.types import PreemptionMode, RequestState, SchedulerConfig, SchedulerState, StepPlan
 
@@ -108,6 +109,37 @@ def drain_step_bound(state: SchedulerState) -> int:
     (restart); with no memory pressure at all it tends to the number of requests
     running side by side (8 requests that all fit at once: 64 against 8).
 
+    **Profiles.** ``vllm-v1`` (``lifo``): the same bound. Its R4 accepts every prompt
+    shorter than ``max_model_len`` and vllm-v1/max-model-len finishes a request before
+    it holds ``max_model_len`` tokens, which fit the GPU cache (and, chunked prefill off,
+    one budget), so a lone request still fits (step 1); the full-sequence gate asks for
+    ``cdiv(num_tokens, bs)`` blocks, all free when ``running`` is empty (step 3); and
+    finishing at ``max_model_len`` only ends a request sooner.
+
+    ``nano-vllm``: a step that admits (nano-vllm/prefill-first) does not decode the
+    head, so step 2 holds only for decode steps, and the head is never a victim
+    (victim-next preempts the candidate *after* the current request, so the head only
+    when alone, and alone it fits). Call ``H`` the bound above. Decode steps, and the
+    admissions into an empty ``running`` that start a head, are at most ``H`` (each is
+    a step of some head's run, counted as above). Every other step is a prefill step
+    admitting at least one request; each admission takes a request out of ``waiting``,
+    and requests enter ``waiting`` only as victims, at most ``n - 1`` per decode step
+    for ``n`` live requests. So with ``W`` requests waiting now the drain takes at most
+    ``H + W + (n - 1) * H = n * H + W`` steps (loose; honest).
+
+    pre: check_state(state)
+    post: __return__ >= 0
+    """
+    bound = lifo_drain_bound(state)
+    if prefill_first(state.config):
+        live = len(state.waiting) + len(state.running) + len(state.swapped)
+        return live * bound + len(state.waiting)
+    return bound
+
+
+def lifo_drain_bound(state: SchedulerState) -> int:
+    """``drain_step_bound``'s ``H``: the sum over the live requests of their head steps.
+
     pre: check_state(state)
     post: __return__ >= 0
     """
@@ -196,6 +228,11 @@ def progress_violations(before: SchedulerState, plan: StepPlan) -> tuple[str, ..
       admissions left, or the policy's gate refuses it.
 
     A step that preempts takes nothing back (anti-thrash, R7/R8) and is not judged.
+    The waiting half asks vllm-v1/full-sequence-admission's gate too. The rule is
+    stated for the profiles that serve ``running`` first (kvsched, vllm-v1); under
+    nano-vllm/prefill-first admission comes first with the whole budget and decodes
+    only in steps that admit nobody, a different order this rule does not describe,
+    so nano-vllm steps are not judged.
     Derivation of the wait bound: R5-R8 decide the chunks of a step in the order
     running, swapped, waiting, each phase head-of-line on what the previous left; a
     victim is only ever behind requests that came before it, so the head of
@@ -208,9 +245,9 @@ def progress_violations(before: SchedulerState, plan: StepPlan) -> tuple[str, ..
     pre: check_state(before)
     post: isinstance(__return__, tuple)
     """
-    if plan.preempted:
-        return ()
     config = before.config
+    if plan.preempted or prefill_first(config):
+        return ()
     found: list[str] = []
     num_back = len(plan.swapped_in)
     scheduled = set(plan.scheduled_ids)
@@ -231,7 +268,11 @@ def progress_violations(before: SchedulerState, plan: StepPlan) -> tuple[str, ..
             continue
         left = _left_after(before, plan, len(plan.scheduled))
         n = _fits(request, config, left)
-        if n and policy.can_admit(_view(before, plan, left[1]), request, n):
+        if (
+            n
+            and full_sequence_fits(config, request, left[1])
+            and policy.can_admit(_view(before, plan, left[1]), request, n)
+        ):
             found.append(
                 f"progress: waiting {request.request_id!r} waits, but a chunk of {n} tokens "
                 f"fits what step {before.num_steps} left"
