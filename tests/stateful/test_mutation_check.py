@@ -14,6 +14,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "mutation_check.py"
 
 
-def run_check(tmp_path: Path, *args: str) -> dict[str, object]:
+def run_check(tmp_path: Path, *args: str) -> dict[str, Any]:
     out = tmp_path / "mutation.json"
     proc = subprocess.run(
         [sys.executable, str(SCRIPT), "--json", str(out), *args],
@@ -33,7 +34,7 @@ def run_check(tmp_path: Path, *args: str) -> dict[str, object]:
     )
     print(proc.stdout)
     assert out.exists(), proc.stdout + proc.stderr
-    result: dict[str, object] = json.loads(out.read_text())
+    result: dict[str, Any] = json.loads(out.read_text())
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert result["caught"] == result["total"]
     return result
