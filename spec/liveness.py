@@ -242,8 +242,8 @@ def progress_violations(before: SchedulerState, plan: StepPlan) -> tuple[str, ..
     starvation ``drain_step_bound`` cannot see: swapped requests that come back only
     when nothing else runs still drain within the bound (step 3 of its derivation).
 
-    pre: check_state(before)
-    post: isinstance(__return__, tuple)
+    ``plan`` must be a plan of a step from ``before`` (no contract for CrossHair: an
+    arbitrary plan names requests ``before`` lacks).
     """
     config = before.config
     if plan.preempted or prefill_first(config):
