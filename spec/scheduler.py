@@ -73,6 +73,8 @@ class StepDraft:
     scheduled: tuple[ScheduledChunk, ...] = ()
     preempted: tuple[Preemption, ...] = ()
     swapped_in: tuple[str, ...] = ()
+    #: The victims whose chunk of this step was undone (vllm-v1/priority-victim-any-running).
+    undone: tuple[str, ...] = ()
 
 
 def draft_violations(before: StepDraft, after: StepDraft) -> tuple[str, ...]:
@@ -286,6 +288,7 @@ def schedule_running(draft: StepDraft) -> StepDraft:
     free = state.num_free_gpu_blocks
     free_cpu = state.num_free_cpu_blocks
     budget = draft.budget
+    undone: list[str] = []
     i = 0
     phase_over = False
     while not phase_over and i < len(running):
@@ -304,9 +307,10 @@ def schedule_running(draft: StepDraft) -> StepDraft:
             victim = running.pop(k)
             held = victim.num_computed_tokens
             if k < i:  # vllm-v1/priority-victim-any-running: undo its chunk
-                undone = chunks.pop(k)
-                budget += undone.num_tokens
-                held += undone.num_tokens
+                chunk = chunks.pop(k)
+                undone.append(chunk.request_id)
+                budget += chunk.num_tokens
+                held += chunk.num_tokens
                 i -= 1
             free += blocks_held(held, bs)
             after, mode = preempt(victim, config, free_cpu)
@@ -344,6 +348,7 @@ def schedule_running(draft: StepDraft) -> StepDraft:
         budget=budget,
         scheduled=(*draft.scheduled, *chunks),
         preempted=(*draft.preempted, *preempted),
+        undone=(*draft.undone, *undone),
     )
 
 
