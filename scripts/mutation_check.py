@@ -172,10 +172,10 @@ MUTANTS: tuple[Mutant, ...] = (
         "waiting requests are admitted in a step that preempted (no anti-thrash rule)",
         (
             SCHED,
+            "                    if not self.swapped:\n"
+            "                        budget = phases.admit(self, out, budget)\n",
             "                if not self.swapped:\n"
             "                    budget = phases.admit(self, out, budget)\n",
-            "            if not self.swapped:\n"
-            "                budget = phases.admit(self, out, budget)\n",
         ),
         expect=DIVERGES,
     ),
@@ -201,8 +201,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "a finished request stays in running until the next schedule() (one step too long)",
         (
             PHASES,
-            "    for i in reversed(finished_at):  # scheduled[i] is running[i]\n"
-            "        del running[i]\n",
+            "    for i in reversed(finished_at):  # scheduled[i] is running[first + i]\n"
+            "        del running[first + i]\n",
             "    del running  # mutant: finished requests are purged by the next schedule()\n",
         ),
         (
@@ -297,10 +297,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "phase C admits one request more than max_num_seqs allows",
         (
             PHASES,
-            "    while len(waiting):\n"
-            "        if len(running) >= config.max_num_seqs or budget == 0:\n",
-            "    while len(waiting):\n"
-            "        if len(running) > config.max_num_seqs or budget == 0:\n",
+            "        if out.num_admitted >= room or budget == 0:\n",
+            "        if out.num_admitted > room or budget == 0:\n",
         ),
         expect=DIVERGES,
     ),
@@ -609,10 +607,10 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
         (
             SCHED,
-            "                if not self.swapped:\n"
-            "                    budget = phases.admit(self, out, budget)\n",
-            "                if True:\n"
-            "                    budget = phases.admit(self, out, budget)\n",
+            "                    if not self.swapped:\n"
+            "                        budget = phases.admit(self, out, budget)\n",
+            "                    if True:\n"
+            "                        budget = phases.admit(self, out, budget)\n",
         ),
         expect=("plan_valid",),
         common_mode=True,
