@@ -73,8 +73,13 @@ def profile_configs(draw: st.DrawFn, semantics: Semantics) -> SchedulerConfig:
     block_size = draw(st.sampled_from(BLOCK_SIZES[1:] if nano else BLOCK_SIZES))
     num_gpu_blocks = max(2, draw(st.integers(8, 64)) // block_size)
     max_num_seqs = draw(st.sampled_from((2, 3, 4, 6, 8, 1)))
-    # nano-vllm: budgets below max_num_seqs, where decode-unbudgeted shows, half the time.
-    budgets = st.integers(1, 8) | st.integers(1, 64) if nano else st.integers(max_num_seqs, 64)
+    # nano-vllm: half the time a budget below max_num_seqs (and a few seats), where a
+    # decode step can run more requests than the budget (decode-unbudgeted).
+    if nano and draw(st.booleans()):
+        max_num_seqs = draw(st.sampled_from((4, 6, 8)))
+        budgets = st.integers(1, max_num_seqs - 1)
+    else:
+        budgets = st.integers(1, 64) if nano else st.integers(max_num_seqs, 64)
     max_num_batched_tokens = draw(budgets)
     chunked = False if nano else draw(st.booleans())
     policy = "lifo" if nano else draw(st.sampled_from(("lifo", "priority")))

@@ -19,7 +19,7 @@ import spec
 from impl.scheduler import Scheduler
 from spec.scheduler import oracle_tokens
 from spec.types import SamplingParams, SchedulerConfig, SchedulerState, StepPlan
-from tests.stateful.coverage import REQUIRED_EVENTS
+from tests.stateful.coverage import REQUIRED_EVENTS, UNDONE_VICTIM_EVENT
 from tests.stateful.harness import run_differential
 from tests.stateful.machine import DifferentialMachine
 from tests.stateful.profiles import SUPPRESSED
@@ -71,4 +71,4 @@ def test_policy_registries_match() -> None:
 
 
 def test_scheduler_differential() -> None:
-    run_differential(SchedulerDifferential, REQUIRED_EVENTS)
+    run_differential(SchedulerDifferential, REQUIRED_EVENTS | {UNDONE_VICTIM_EVENT})
