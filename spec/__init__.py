@@ -10,7 +10,8 @@ code that implements it:
 - ``spec.scheduler``: a step: ``schedule`` (phases A-C, R5-R8, preemption R6) and
   ``complete_step`` (phase D, R10), or both at once with ``step``;
 - ``spec.invariants``: ``state_violations`` / ``plan_violations`` (what must hold);
-- ``spec.liveness``: ``drain_step_bound`` (how long a drain can take) and ``drain``;
+- ``spec.liveness``: ``drain_step_bound`` (how long a drain can take), ``drain`` and
+  ``progress_violations`` (no preempted request waits in a step that could take it back);
 - ``spec.oracle``: pure toy next-token functions.
 
 Nothing here mutates a value, does I/O or imports torch; every transition returns new
@@ -39,7 +40,13 @@ from spec.lifecycle import (
     live_request_ids,
     num_unfinished_requests,
 )
-from spec.liveness import drain, drain_step_bound, head_steps, worst_head_steps
+from spec.liveness import (
+    drain,
+    drain_step_bound,
+    head_steps,
+    progress_violations,
+    worst_head_steps,
+)
 from spec.oracle import ConstantOracle, HashOracle, SuccessorOracle
 from spec.policies import POLICIES, Policy, get_policy, is_registered, select_victim
 from spec.scheduler import (
@@ -142,6 +149,7 @@ __all__ = [
     "plan_matches",
     "plan_violations",
     "preempt",
+    "progress_violations",
     "recompute",
     "restart",
     "sampling_request_ids",

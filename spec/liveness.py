@@ -10,9 +10,12 @@ bound below adds up how long each live request can be head.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from spec.invariants import check_state  # noqa: F401  (used by the PEP 316 contracts)
-from spec.kv import cdiv
-from spec.profiles import prefill_first
+from spec.kv import cdiv, chunk_for_prefill
+from spec.policies import get_policy
+from spec.profiles import full_sequence_fits, prefill_first
 from spec.scheduler import TokenOracle, step
 from spec.types import PreemptionMode, RequestState, SchedulerConfig, SchedulerState, StepPlan
 
@@ -169,3 +172,128 @@ def drain(
         state, plan = step(state, next_token)
         plans.append(plan)
     return state, tuple(plans)
+
+
+# --- progress: no idle wait (docs/semantics.md, "Progress: no request waits idle") -------
+
+
+def _left_after(before: SchedulerState, plan: StepPlan, upto: int) -> tuple[int, int, int]:
+    """(budget, free GPU blocks, seats) left after the first ``upto`` chunks of ``plan``.
+
+    Only for a step that preempts nothing: then every chunk holds
+    ``cdiv(start + n, bs)`` blocks, of which a running request already held
+    ``cdiv(start, bs)`` and a swapped-in or admitted one held none on the GPU.
+    """
+    config = before.config
+    bs = config.block_size
+    was_running = {r.request_id for r in before.running}
+    budget = config.max_num_batched_tokens
+    free = before.num_free_gpu_blocks
+    seats = config.max_num_seqs - len(before.running)
+    for chunk in plan.scheduled[:upto]:
+        budget -= chunk.num_tokens
+        free -= cdiv(chunk.start + chunk.num_tokens, bs)
+        if chunk.request_id in was_running:
+            free += cdiv(chunk.start, bs)
+        else:
+            seats -= 1
+    return budget, free, seats
+
+
+def _fits(request: RequestState, config: SchedulerConfig, left: tuple[int, int, int]) -> int:
+    """The chunk ``request`` would get from what is ``left``, or 0 if it does not fit."""
+    budget, free, seats = left
+    if seats <= 0 or budget <= 0:
+        return 0
+    computed = request.num_computed_tokens
+    n = chunk_for_prefill(request.num_tokens - computed, budget, config.enable_chunked_prefill)
+    if n > budget or cdiv(computed + n, config.block_size) > free:
+        return 0
+    return n
+
+
+def progress_violations(before: SchedulerState, plan: StepPlan) -> tuple[str, ...]:
+    """The progress rule: a preempted request never waits in a step that could take it back.
+
+    ``before`` is the state between steps, ``plan`` the step's plan (only its decisions
+    are read). In a step that preempts nothing:
+
+    - **swapped**: the first swapped request that did not come back (the one after the
+      ``swapped_in`` prefix) does not fit what the running requests and the earlier
+      swap-ins left: no seat under ``max_num_seqs``, no budget, or fewer free GPU
+      blocks than its chunk needs;
+    - **waiting** (which holds recomputed and restarted victims at its front), once
+      ``swapped`` is empty after phase B: the first waiting request, in the policy's
+      order, that was not admitted does not fit what phases A and B and the earlier
+      admissions left, or the policy's gate refuses it.
+
+    A step that preempts takes nothing back (anti-thrash, R7/R8) and is not judged.
+    The waiting half asks vllm-v1/full-sequence-admission's gate too. The rule is
+    stated for the profiles that serve ``running`` first (kvsched, vllm-v1); under
+    nano-vllm/prefill-first admission comes first with the whole budget and decodes
+    only in steps that admit nobody, a different order this rule does not describe,
+    so nano-vllm steps are not judged.
+    Derivation of the wait bound: R5-R8 decide the chunks of a step in the order
+    running, swapped, waiting, each phase head-of-line on what the previous left; a
+    victim is only ever behind requests that came before it, so the head of
+    ``swapped`` (and of ``waiting`` in policy order, once ``swapped`` is empty) waits
+    **zero** steps in which it fits. Combined with ``drain_step_bound`` (some request
+    always progresses) this bounds every victim's wait, and it rules out the
+    starvation ``drain_step_bound`` cannot see: swapped requests that come back only
+    when nothing else runs still drain within the bound (step 3 of its derivation).
+
+    ``plan`` must be a plan of a step from ``before`` (no contract for CrossHair: an
+    arbitrary plan names requests ``before`` lacks).
+    """
+    config = before.config
+    if plan.preempted or prefill_first(config):
+        return ()
+    found: list[str] = []
+    num_back = len(plan.swapped_in)
+    scheduled = set(plan.scheduled_ids)
+    num_running = sum(1 for r in before.running if r.request_id in scheduled)
+    if num_back < len(before.swapped):
+        head = before.swapped[num_back]
+        n = _fits(head, config, _left_after(before, plan, num_running + num_back))
+        if n:
+            found.append(
+                f"progress: swapped {head.request_id!r} waits, but a chunk of {n} tokens "
+                f"fits what step {before.num_steps} left"
+            )
+        return tuple(found)
+    admitted = set(plan.scheduled_ids[num_running + num_back :])
+    policy = get_policy(config.policy)
+    for request in policy.order_waiting(before.waiting):
+        if request.request_id in admitted:
+            continue
+        left = _left_after(before, plan, len(plan.scheduled))
+        n = _fits(request, config, left)
+        if (
+            n
+            and full_sequence_fits(config, request, left[1])
+            and policy.can_admit(_view(before, plan, left[1]), request, n)
+        ):
+            found.append(
+                f"progress: waiting {request.request_id!r} waits, but a chunk of {n} tokens "
+                f"fits what step {before.num_steps} left"
+            )
+        break
+    return tuple(found)
+
+
+def _view(before: SchedulerState, plan: StepPlan, free: int) -> SchedulerState:
+    """The mid-step state the admission gate sees after ``plan``'s chunks (no victims)."""
+    by_id = {r.request_id: r for r in (*before.running, *before.swapped, *before.waiting)}
+    was_running = {r.request_id for r in before.running}
+    running = (
+        *before.running,
+        *(by_id[rid] for rid in plan.scheduled_ids if rid not in was_running),
+    )
+    taken = {r.request_id for r in running}
+    return replace(
+        before,
+        running=running,
+        swapped=(),
+        waiting=tuple(r for r in before.waiting if r.request_id not in taken),
+        num_free_gpu_blocks=free,
+    )

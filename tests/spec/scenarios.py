@@ -37,6 +37,7 @@ from spec import (
     has_unfinished_requests,
     init_state,
     plan_violations,
+    progress_violations,
     state_violations,
     step,
 )
@@ -140,7 +141,11 @@ def checked_step(played: Played, oracle: HashOracle) -> StepPlan:
     snapshot = copy.deepcopy(before)
     after, plan = step(before, oracle)
     assert before == snapshot, "step changed its input"
-    problems = state_violations(after) + plan_violations(before, plan, after)
+    problems = (
+        state_violations(after)
+        + plan_violations(before, plan, after)
+        + progress_violations(before, plan)
+    )
     assert not problems, problems
     if before.config.policy == "lifo" and has_unfinished_requests(before):
         # the liveness lemma: under LIFO every step serves a head, so it schedules

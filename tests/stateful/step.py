@@ -51,6 +51,7 @@ class Stepping(MachineBase):
         """One step on both sides: its plan, or None if an injected fault rolled it back."""
         before = self.spec.state
         mid, draft = self.spec.schedule()
+        real_before = self.real_observe()
         snapshot = self.fault_snapshot()
         try:
             plan = self.real_step()
@@ -102,6 +103,12 @@ class Stepping(MachineBase):
         violations = spec.plan_violations(before, plan, after)
         if violations:
             fail("plan_valid", f"step {before.num_steps}: {'; '.join(violations)}")
+        # The progress rule on each side's own history (state before, plan), so a
+        # starvation both sides share is caught too (docs/semantics.md).
+        for side, state, decided_plan in (("spec", before, draft), ("real", real_before, plan)):
+            waits = spec.progress_violations(state, decided_plan)
+            if waits:
+                fail("no_idle_wait", f"{side}: {'; '.join(waits)}")
         require(
             bool(plan.scheduled or plan.preempted) or not spec.has_unfinished_requests(before),
             "step_progress",
