@@ -78,7 +78,7 @@ def test_cli_names_a_clash(tmp_path: Path, name: str) -> None:
 
 def test_terminal_commands(tmp_path: Path) -> None:
     commands = [line for line in TERMINAL_COMMANDS.splitlines() if line.strip()]
-    assert len(commands) == 5
+    assert len(commands) == 7
     script = (
         "set -euo pipefail\n"
         f'kvsched() {{ "{sys.executable}" -m kvsched "$@"; }}\n' + TERMINAL_COMMANDS
@@ -89,3 +89,5 @@ def test_terminal_commands(tmp_path: Path) -> None:
     assert (tmp_path / "kv.png").stat().st_size > 0
     assert '"requests"' in (tmp_path / "out.json").read_text()
     assert "conform: ok" in result.stdout
+    assert (tmp_path / "shared.jsonl").read_text().count("\n") == 32
+    assert "prefix cache: hit rate" in result.stdout
