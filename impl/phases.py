@@ -55,7 +55,16 @@ def schedule_running(sched: Scheduler, out: SchedulerOutput, budget: int) -> int
         need = (computed + n - 1) // bs + 1 - len(table)
         if need > 0:
             if need > free:
-                if make_room(sched, out, i, need):
+                if sched.victim_any_running:
+                    undone = make_room_any_running(sched, out, i, need)
+                    preempted_itself = undone is None
+                    if undone is not None:
+                        budget += undone[0]
+                        i -= undone[1]
+                        capped -= undone[2]
+                else:
+                    preempted_itself = make_room(sched, out, i, need)
+                if preempted_itself:
                     if n < remaining:
                         capped -= 1  # it was not scheduled after all
                     break  # the request preempted itself: phase A ends
@@ -80,14 +89,51 @@ def make_room(sched: Scheduler, out: SchedulerOutput, index: int, need: int) -> 
     if not sched.enable_preemption:
         raise KVCacheExhaustedError(used=gpu.num_used_blocks, needed=need, capacity=gpu.num_blocks)
     select_victim = sched.policy.select_victim
+    victim_next = sched.victim_next
     while need > gpu.num_free_blocks:
-        victim_index = select_victim(running, index)
+        if victim_next:  # nano-vllm/victim-next: the one after it, else itself
+            victim_index = index + 1 if index + 1 < len(running) else index
+        else:
+            victim_index = select_victim(running, index)
         if not index <= victim_index < len(running):
             raise AssertionError(f"policy chose {victim_index} outside running[{index}:]")
         preempt(sched, out, victim_index)
         if victim_index == index:
             return True
     return False
+
+
+def make_room_any_running(
+    sched: Scheduler, out: SchedulerOutput, index: int, need: int
+) -> tuple[int, int, int] | None:
+    """vllm-v1/priority-victim-any-running: ``make_room`` with victims among all of ``running``.
+
+    A victim already scheduled in this step (below ``index``) loses its chunk: the
+    chunk leaves ``num_scheduled`` and its tokens return to the caller's budget.
+    Returns None if the victim was ``running[index]`` itself, else the undone chunks'
+    ``(tokens, count, how many of them did not sample)``.
+    """
+    gpu = sched.gpu
+    running = sched.running
+    num_scheduled = out.num_scheduled
+    tokens = count = capped = 0
+    while need > gpu.num_free_blocks:
+        victim_index = sched.policy.select_victim(running, 0)
+        if victim_index == index:
+            preempt(sched, out, index)
+            return None
+        if victim_index > index:
+            preempt(sched, out, victim_index)
+            continue
+        n = num_scheduled.pop(victim_index)
+        victim = running[victim_index]
+        tokens += n
+        count += 1
+        capped += victim.num_computed + n < victim.num_tokens
+        preempt(sched, out, victim_index)
+        out.preempted[-1].undone_chunk = n
+        index -= 1
+    return tokens, count, capped
 
 
 def preempt(sched: Scheduler, out: SchedulerOutput, index: int) -> None:
@@ -119,6 +165,33 @@ def preempt(sched: Scheduler, out: SchedulerOutput, index: int) -> None:
         seq.num_tokens = seq.num_prompt_tokens
     seq.status = _WAITING
     sched.waiting.push_front(seq)
+
+
+def decode_unbudgeted(sched: Scheduler, out: SchedulerOutput) -> None:
+    """nano-vllm/decode-unbudgeted: phase A of a step that admitted nobody.
+
+    Every running request (head first) gets its remaining tokens, one decode token under
+    the profile, whatever ``max_num_batched_tokens`` is, until ``max_num_seqs`` are
+    scheduled (nano-vllm/seq-limit-per-step); victims by nano-vllm/victim-next.
+    """
+    running = sched.running
+    bs = sched.block_size
+    gpu = sched.gpu
+    limit = sched.config.max_num_seqs
+    num_scheduled = out.num_scheduled
+    i = 0
+    while i < len(running) and i < limit:
+        seq = running[i]
+        n = seq.num_tokens - seq.num_computed
+        table = seq.block_table
+        need = (seq.num_computed + n - 1) // bs + 1 - len(table)
+        if need > 0:
+            if need > gpu.num_free_blocks and make_room(sched, out, i, need):
+                break  # it preempted itself: the last candidate
+            gpu.grow(table, len(table) + need)
+        num_scheduled.append(n)
+        i += 1
+    out.num_samples = i  # every chunk completes its request
 
 
 def swap_in(sched: Scheduler, out: SchedulerOutput, budget: int) -> int:
@@ -168,8 +241,11 @@ def admit(sched: Scheduler, out: SchedulerOutput, budget: int) -> int:
     policy = sched.policy
     gate = policy.has_admission_gate
     track = sched.tracks_running
+    full_sequence_gate = sched.full_sequence_gate
+    # nano-vllm/seq-limit-per-step: max_num_seqs counts this step's admissions only.
+    room = config.max_num_seqs - (0 if sched.prefill_first else len(running))
     while len(waiting):
-        if len(running) >= config.max_num_seqs or budget == 0:
+        if out.num_admitted >= room or budget == 0:
             break
         seq = waiting.peek()
         n = seq.num_tokens
@@ -182,6 +258,9 @@ def admit(sched: Scheduler, out: SchedulerOutput, budget: int) -> int:
         num_blocks = cdiv(n, bs)
         free = gpu.num_free_blocks
         if num_blocks > free:
+            break
+        # vllm-v1/full-sequence-admission: blocks for all its tokens must be free.
+        if full_sequence_gate and cdiv(seq.num_tokens, bs) > free:
             break
         if gate and not policy.can_admit(seq, n, running=running, num_free_blocks=free):
             break
@@ -242,8 +321,9 @@ def commit(
     sched.num_cached_tokens += out.num_batched_tokens
     finished = [finish(sched, out.scheduled[i]) for i in finished_at]
     running = sched.running
-    for i in reversed(finished_at):  # scheduled[i] is running[i]
-        del running[i]
+    first = out.first_scheduled
+    for i in reversed(finished_at):  # scheduled[i] is running[first + i]
+        del running[first + i]
     sched.num_steps += 1
     return finished
 

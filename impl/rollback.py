@@ -53,13 +53,22 @@ def rollback(sched: Scheduler, out: SchedulerOutput) -> None:
         sched.swapped.appendleft(seq)
     out.swapped_in.clear()
     # Phase A: chunk allocations and preemptions, interleaved as they happened.
+    # A victim whose chunk was undone (vllm-v1/priority-victim-any-running) comes back
+    # with its grown block table and its chunk counted again, so that the chunks are
+    # shrunk in the reverse order they were grown.
     preempted = out.preempted
-    for k in range(num_running_chunks, -1, -1):
+    k = num_running_chunks
+    while True:
         while preempted and preempted[-1].num_scheduled_before == k:
-            unpreempt(sched, preempted.pop())
-        if k > 0:
-            seq = running[k - 1]
-            gpu.shrink(seq.block_table, cdiv(seq.num_computed, bs))
+            record = preempted.pop()
+            unpreempt(sched, record)
+            if record.undone_chunk:
+                k += 1
+        if k == 0:
+            break
+        seq = running[k - 1]
+        gpu.shrink(seq.block_table, cdiv(seq.num_computed, bs))
+        k -= 1
     assert not preempted, "rollback out of order"
     out.num_scheduled.clear()
     out.scheduled = []

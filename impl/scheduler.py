@@ -53,6 +53,7 @@ from spec.types import (
     SamplingParams,
     SchedulerConfig,
     SchedulerState,
+    Semantics,
     StepPlan,
     TokenOutOfVocabError,
     UnknownRequestError,
@@ -81,6 +82,19 @@ class Scheduler:
         enable_preemption: bool = True,
     ) -> None:
         self.config = config
+        semantics = config.semantics
+        # The profile rules (docs/semantics.md, "Semantics profiles"), as switches read
+        # by the phases; each names its rule.
+        #: nano-vllm/prefill-first and nano-vllm/decode-unbudgeted (+ seq-limit-per-step)
+        self.prefill_first = semantics is Semantics.NANO_VLLM
+        #: nano-vllm/victim-next
+        self.victim_next = semantics is Semantics.NANO_VLLM
+        #: vllm-v1/max-model-len (None: no such limit)
+        self.max_model_len = config.max_model_len if semantics is Semantics.VLLM_V1 else None
+        #: vllm-v1/full-sequence-admission
+        self.full_sequence_gate = semantics is Semantics.VLLM_V1
+        #: vllm-v1/priority-victim-any-running
+        self.victim_any_running = semantics is Semantics.VLLM_V1 and config.policy == "priority"
         self.policy: Policy = make_policy(config.policy)
         self.policy.bind(config)
         # The policy's on_run/on_leave hooks are called only if it tracks running.
@@ -123,6 +137,8 @@ class Scheduler:
         )
         self.next_arrival += 1
         seq = Sequence(request)
+        if self.max_model_len is not None and self.max_model_len < seq.stop_len:
+            seq.stop_len = self.max_model_len  # vllm-v1/max-model-len: length at that size
         self.requests[request_id] = seq
         self.waiting.push_back(seq)
         return seq
@@ -156,8 +172,19 @@ class Scheduler:
         self._check_fits(request_id, len(prompt), max_tokens)
 
     def _check_fits(self, request_id: str, prompt_len: int, max_tokens: int) -> None:
-        """R4.5: reject a request that could never be scheduled."""
+        """R4.5: reject a request that could never be scheduled.
+
+        vllm-v1/max-model-len replaces it: a prompt of ``max_model_len`` tokens or more is
+        refused (vLLM's front end); the profile's config makes the rest fit.
+        """
         config = self.config
+        if self.max_model_len is not None:
+            if prompt_len >= self.max_model_len:
+                raise RequestTooLargeError(
+                    f"request {request_id!r}: prompt of {prompt_len} tokens >= max_model_len "
+                    f"{self.max_model_len}"
+                )
+            return
         most_cached = prompt_len + max_tokens - 1  # the last output is never written
         if cdiv(most_cached, config.block_size) > config.num_gpu_blocks:
             raise RequestTooLargeError(
@@ -208,19 +235,30 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         """Phases A-C of one step (R5-R8); on any error the partial work is undone."""
         out = SchedulerOutput(self.num_steps, self.num_cached_tokens)
+        budget = self.config.max_num_batched_tokens
         try:
-            budget = phases.schedule_running(self, out, self.config.max_num_batched_tokens)
-            if not out.preempted:
-                if self.swapped:
-                    budget = phases.swap_in(self, out, budget)
-                if not self.swapped:
-                    budget = phases.admit(self, out, budget)
+            if self.prefill_first:
+                budget = phases.admit(self, out, budget)
+                if not out.num_admitted:
+                    phases.decode_unbudgeted(self, out)
+            else:
+                budget = phases.schedule_running(self, out, budget)
+                if not out.preempted:
+                    if self.swapped:
+                        budget = phases.swap_in(self, out, budget)
+                    if not self.swapped:
+                        budget = phases.admit(self, out, budget)
         except BaseException:
             rollback(self, out)
             raise
-        out.num_batched_tokens = self.config.max_num_batched_tokens - budget
         n = len(out.num_scheduled)
-        out.scheduled = self.running[:n]
+        out.num_batched_tokens = sum(out.num_scheduled)
+        # The chunks are a contiguous run of ``running``: its head, or under
+        # nano-vllm/prefill-first the requests a prefill step admitted, at its tail.
+        out.first_scheduled = (
+            len(self.running) - n if self.prefill_first and out.num_admitted else 0
+        )
+        out.scheduled = self.running[out.first_scheduled : out.first_scheduled + n]
         return out
 
     def commit(

@@ -24,6 +24,7 @@ class PreemptionRecord:
         "recomputed_until",
         "running_index",
         "seq",
+        "undone_chunk",
     )
 
     def __init__(
@@ -42,6 +43,9 @@ class PreemptionRecord:
         self.num_computed = seq.num_computed
         self.recomputed_until = seq.recomputed_until
         self.dropped_outputs: list[int] = []
+        #: vllm-v1/priority-victim-any-running: the victim's chunk of this step, undone
+        #: by the preemption (0: it had none)
+        self.undone_chunk = 0
 
 
 class SchedulerOutput:
@@ -50,7 +54,9 @@ class SchedulerOutput:
     ``scheduled[k]`` runs ``num_scheduled[k]`` tokens at positions
     ``scheduled[k].num_computed ..`` (read before ``commit``). Running requests come
     first, then swapped-in, then admitted, which is also their order in ``running``:
-    ``scheduled == running[:len(scheduled)]`` after ``schedule()``. A chunk samples
+    ``scheduled == running[:len(scheduled)]`` after ``schedule()`` (under
+    nano-vllm/prefill-first a prefill step's admitted requests, the tail of ``running``:
+    see ``first_scheduled``). A chunk samples
     iff it reaches the request's last token; ``num_samples`` of them do.
     ``swap_out``/``swap_in`` are the (src, dst) block pairs to copy GPU->CPU and
     CPU->GPU before the forward (never both in one step: phase B needs a step
@@ -58,6 +64,7 @@ class SchedulerOutput:
     """
 
     __slots__ = (
+        "first_scheduled",
         "num_admitted",
         "num_batched_tokens",
         "num_cached_tokens_before",
@@ -78,6 +85,8 @@ class SchedulerOutput:
     def __init__(self, step: int, num_cached_tokens: int) -> None:
         self.step = step
         self.scheduled: list[Sequence] = []
+        #: ``scheduled`` is ``running[first_scheduled : first_scheduled + len(scheduled)]``
+        self.first_scheduled = 0
         self.num_scheduled: list[int] = []
         self.num_samples = 0
         self.num_batched_tokens = 0

@@ -27,7 +27,7 @@ from typing import NoReturn
 from kvsched import argtypes, conform, demo, engine_options, report
 from kvsched.engine_protocol import Engine
 from kvsched.errors import CLIInputError
-from kvsched.peers import PEERS, SchedulerUnderTest, common_eos, make_peer
+from kvsched.peers import PEERS, PROFILES, SchedulerUnderTest, common_eos, make_peer
 from kvsched.peers.lockstep import describe_states
 from kvsched.peers.ours import EngineAdapter
 from kvsched.plot import PLOT_FORMATS, plot_timeline
@@ -350,7 +350,7 @@ def cmd_conform(args: argparse.Namespace) -> int:
         peer = EngineAdapter(engine_options.make_engine(config, args, model))
     else:
         workload = read_workload(args.workload)
-        config = engine_options.scheduler_config(args)
+        config = engine_options.scheduler_config(args, PROFILES[args.engine])
         eos = common_eos(r.params for r in workload) if args.engine == "nano-vllm" else None
         peer = make_peer(args.engine, config, eos_token_id=eos)
     with CommandProgress("kvsched conform", len(workload), enabled=wanted(quiet=args.quiet)) as bar:

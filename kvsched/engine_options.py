@@ -27,7 +27,7 @@ from model import (
     resolve_device,
     resolve_dtype,
 )
-from spec.types import PreemptionMode, SchedulerConfig
+from spec.types import PreemptionMode, SchedulerConfig, Semantics
 
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("float32", "float64", "bfloat16", "float16")
@@ -74,8 +74,8 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--enable-chunked-prefill",
         action=argparse.BooleanOptionalAction,
-        default=_DEFAULTS["enable_chunked_prefill"],
-        help="split long prefills across steps (default on)",
+        default=None,
+        help="split long prefills across steps (default on; off under --semantics nano-vllm)",
     )
     g.add_argument(
         "--preemption-mode",
@@ -96,6 +96,21 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
         choices=sorted(POLICIES),
         default=_DEFAULTS["policy"],
         help=f"scheduling policy (default {_DEFAULTS['policy']})",
+    )
+    g.add_argument(
+        "--semantics",
+        choices=[s.value for s in Semantics],
+        default=None,
+        help="the spec's rules profile (docs/semantics.md, 'Semantics profiles'); default "
+        "kvsched, or for conform the --engine's own (vllm: vllm-v1, nano-vllm: nano-vllm)",
+    )
+    g.add_argument(
+        "--max-model-len",
+        type=argtypes.positive_int,
+        default=None,
+        metavar="N",
+        help="vllm-v1 only: the longest prompt + outputs (default: the whole GPU cache, "
+        "and with chunked prefill off at most --max-num-batched-tokens)",
     )
     g.add_argument("--device", choices=DEVICES, default="auto", help="(default auto)")
     g.add_argument("--dtype", choices=DTYPES, default="float32", help="(default float32)")
@@ -125,16 +140,26 @@ def add_threads_option(parser: argparse.ArgumentParser | argparse._ArgumentGroup
     )
 
 
-def scheduler_config(args: argparse.Namespace) -> SchedulerConfig:
+def scheduler_config(
+    args: argparse.Namespace, default_semantics: Semantics = Semantics.KVSCHED
+) -> SchedulerConfig:
+    """The config the options name; ``ConfigError`` for a combination a profile forbids."""
+    semantics = default_semantics if args.semantics is None else Semantics(args.semantics)
+    chunked = args.enable_chunked_prefill
+    if chunked is None:
+        # nano-vllm has no chunked prefill: its profile's default, not an error.
+        chunked = semantics is not Semantics.NANO_VLLM and _DEFAULTS["enable_chunked_prefill"]
     return SchedulerConfig(
         num_gpu_blocks=args.num_gpu_blocks,
         block_size=args.block_size,
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_num_seqs=args.max_num_seqs,
-        enable_chunked_prefill=args.enable_chunked_prefill,
+        enable_chunked_prefill=chunked,
         preemption_mode=PreemptionMode(args.preemption_mode),
         num_cpu_blocks=args.num_cpu_blocks,
         policy=args.policy,
+        semantics=semantics,
+        max_model_len=args.max_model_len,
     )
 
 

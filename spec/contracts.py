@@ -23,9 +23,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from spec.invariants import check_state  # noqa: F401  (used by the PEP 316 contracts)
-from spec.kv import never_fits  # noqa: F401  (used by the PEP 316 contracts)
 from spec.lifecycle import abort_request, add_request, is_live  # noqa: F401
 from spec.policies import get_policy, lifo_victim
+from spec.profiles import prefill_first, too_large  # noqa: F401  (too_large: a contract)
 from spec.scheduler import schedule
 from spec.types import (
     DuplicateRequestError,
@@ -94,14 +94,15 @@ def admission_outcome(
     The PEP 316 ``post:`` of ``add_request`` only sees accepted requests; this wrapper
     lets the contract speak about refusals too. R4's checks run in order (empty
     prompt, ``max_tokens < 1``, live id, can never fit), so a request is refused as
-    too large exactly when it passes the first three and ``never_fits`` holds. (What
+    too large exactly when it passes the first three and the profile's ``too_large``
+    holds. (What
     an accepted request looks like is ``add_request``'s own contract.)
 
     pre: check_state(state)
     pre: within_bounds(state)
     pre: len(prompt_token_ids) <= MAX_PROMPT_LEN
     pre: params.max_tokens <= MAX_MAX_TOKENS
-    post: __return__ == ("EmptyPromptError" if len(prompt_token_ids) == 0 else "InvalidMaxTokensError" if params.max_tokens < 1 else "DuplicateRequestError" if is_live(state, request_id) else "RequestTooLargeError" if never_fits(state.config, len(prompt_token_ids), params.max_tokens) else "accepted")
+    post: __return__ == ("EmptyPromptError" if len(prompt_token_ids) == 0 else "InvalidMaxTokensError" if params.max_tokens < 1 else "DuplicateRequestError" if is_live(state, request_id) else "RequestTooLargeError" if too_large(state.config, len(prompt_token_ids), params.max_tokens) else "accepted")
     """  # noqa: E501
     try:
         add_request(state, request_id, prompt_token_ids, params)
@@ -145,7 +146,8 @@ def head_progresses(state: SchedulerState) -> bool:
     whose victim is ``lifo``'s (the head is preempted only when alone, and alone it
     fits by R4). If ``running`` is empty and a request is waiting or swapped, the step
     schedules one (the head of ``swapped``, or the first waiting request, fits alone
-    by R4; no admission gate refuses an empty engine) -- under every policy.
+    by R4; no admission gate refuses an empty engine) -- under every policy. Under
+    nano-vllm/prefill-first only a step that admits nobody decodes the head.
 
     pre: check_state(state)
     pre: within_bounds(state)
@@ -154,6 +156,9 @@ def head_progresses(state: SchedulerState) -> bool:
     _, plan = schedule(state)
     scheduled = [chunk.request_id for chunk in plan.scheduled]
     if state.running:
+        waiting = {r.request_id for r in state.waiting}
+        if prefill_first(state.config) and any(rid in waiting for rid in scheduled):
+            return True  # a prefill step: the head decodes in the next step that admits none
         if get_policy(state.config.policy).select_victim is not lifo_victim:
             return True  # the argument is lifo's; other victim choices may preempt the head
         return scheduled[:1] == [state.running[0].request_id]

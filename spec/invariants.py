@@ -16,13 +16,22 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 
-from spec.kv import blocks_held, never_fits
+from spec.kv import blocks_held
 from spec.policies import is_registered
+from spec.profiles import (
+    decode_unbudgeted,
+    length_capped,
+    model_len,
+    prefill_first,
+    running_capped,
+    too_large,
+)
 from spec.types import (
     FinishReason,
     PreemptionMode,
     RequestState,
     ScheduledChunk,
+    SchedulerConfig,
     SchedulerState,
     StepPlan,
 )
@@ -38,7 +47,8 @@ def _queue_violations(state: SchedulerState) -> list[str]:
     ids = [r.request_id for r in (*state.waiting, *state.running, *state.swapped)]
     for rid in _duplicates(ids):
         found.append(f"R1: request {rid!r} appears more than once in the queues")
-    if len(state.running) > state.config.max_num_seqs:
+    # nano-vllm/seq-limit-per-step: max_num_seqs bounds a step's requests, not running.
+    if running_capped(state.config) and len(state.running) > state.config.max_num_seqs:
         found.append(
             f"R8: {len(state.running)} running requests > max_num_seqs {state.config.max_num_seqs}"
         )
@@ -79,8 +89,8 @@ def _request_violations(state: SchedulerState, queue: str, request: RequestState
         found.append(f"R4: {queue} request {rid!r} has an empty prompt")
     if params.max_tokens < 1:
         found.append(f"R4: {queue} request {rid!r} has max_tokens {params.max_tokens} < 1")
-    elif prompt_len >= 1 and never_fits(state.config, prompt_len, params.max_tokens):
-        found.append(f"R4: {queue} request {rid!r} can never fit but was accepted")
+    elif prompt_len >= 1 and too_large(state.config, prompt_len, params.max_tokens):
+        found.append(f"R4: {queue} request {rid!r} is too large but was accepted")
     if queue == "waiting":
         if computed != 0:
             found.append(f"R2: waiting request {rid!r} has computed {computed} != 0")
@@ -88,6 +98,12 @@ def _request_violations(state: SchedulerState, queue: str, request: RequestState
         found.append(
             f"R2: {queue} request {rid!r} needs 1 <= computed < num_tokens, got "
             f"computed {computed}, num_tokens {request.num_tokens}"
+        )
+    length = model_len(state.config)
+    if length is not None and request.num_tokens >= length:
+        found.append(
+            f"R10: {queue} request {rid!r} holds {request.num_tokens} tokens >= max_model_len "
+            f"{length} but did not finish"
         )
     if len(request.output_token_ids) >= params.max_tokens:
         found.append(
@@ -168,8 +184,9 @@ def kv_conserved_mid_step(state_mid: SchedulerState, scheduled: tuple[ScheduledC
     chunk, ``cdiv(computed + n, bs)``, and an unscheduled one ``cdiv(computed, bs)``;
     a swapped one owns ``cdiv(computed, bs)`` CPU blocks. Both pools then have
     ``free >= 0`` and ``free + owned == total``, every chunk names a different running
-    request, and at most ``max_num_seqs`` requests run. (Between steps, with no chunk,
-    this is the R2 part of ``state_violations``.)
+    request, and at most ``max_num_seqs`` requests run (except under
+    nano-vllm/seq-limit-per-step). (Between steps, with no chunk, this is the R2 part of
+    ``state_violations``.)
     """
     config = state_mid.config
     bs = config.block_size
@@ -187,7 +204,7 @@ def kv_conserved_mid_step(state_mid: SchedulerState, scheduled: tuple[ScheduledC
         and state_mid.num_free_cpu_blocks >= 0
         and state_mid.num_free_gpu_blocks + gpu_owned == config.num_gpu_blocks
         and state_mid.num_free_cpu_blocks + cpu_owned == config.num_cpu_blocks
-        and len(state_mid.running) <= config.max_num_seqs
+        and (not running_capped(config) or len(state_mid.running) <= config.max_num_seqs)
     )
 
 
@@ -221,11 +238,14 @@ def _admitted(old: dict[str, tuple[str, RequestState]], plan: StepPlan) -> list[
     return [c.request_id for c in plan.scheduled if old.get(c.request_id, ("",))[0] == "waiting"]
 
 
-def _expected_reason(request: RequestState, token: int) -> FinishReason | None:
+def _expected_reason(
+    config: SchedulerConfig, request: RequestState, token: int
+) -> FinishReason | None:
     params = request.request.params
     if not params.ignore_eos and params.eos_token_id is not None and token == params.eos_token_id:
         return FinishReason.STOP
-    if len(request.output_token_ids) + 1 >= params.max_tokens:
+    outputs = len(request.output_token_ids) + 1
+    if length_capped(config, request.num_tokens + 1, outputs, params.max_tokens):
         return FinishReason.LENGTH
     return None
 
@@ -235,14 +255,21 @@ def _chunk_violations(before: SchedulerState, plan: StepPlan) -> list[str]:
     config = before.config
     found: list[str] = []
     total = sum(c.num_tokens for c in plan.scheduled)
-    if total > config.max_num_batched_tokens:
+    old = _index(before)
+    if decode_unbudgeted(config) and not _admitted(old, plan):
+        # nano-vllm/decode-unbudgeted: a decode step is bounded by max_num_seqs requests.
+        if len(plan.scheduled) > config.max_num_seqs:
+            found.append(
+                f"R5: decode step schedules {len(plan.scheduled)} requests > max_num_seqs "
+                f"{config.max_num_seqs}"
+            )
+    elif total > config.max_num_batched_tokens:
         found.append(
             f"R5: plan schedules {total} tokens > max_num_batched_tokens "
             f"{config.max_num_batched_tokens}"
         )
     for rid in _duplicates(c.request_id for c in plan.scheduled):
         found.append(f"R5: request {rid!r} is scheduled more than once")
-    old = _index(before)
     for chunk in plan.scheduled:
         rid = chunk.request_id
         if rid not in old:
@@ -295,6 +322,8 @@ def _queue_change_violations(before: SchedulerState, plan: StepPlan) -> list[str
         found.append("R7/R8: requests swapped in or admitted in a step that preempted")
     if admitted and len(plan.swapped_in) < len(swapped_before):
         found.append("R8: waiting requests admitted while swapped requests remain")
+    if prefill_first(before.config) and admitted and len(admitted) != len(plan.scheduled):
+        found.append("nano-vllm/prefill-first: running requests ran in a step that admitted")
     return found
 
 
@@ -314,7 +343,7 @@ def _sampling_violations(before: SchedulerState, plan: StepPlan) -> list[str]:
     expected_finished = [
         rid
         for rid in got
-        if rid in old and _expected_reason(old[rid][1], token_of[rid]) is not None
+        if rid in old and _expected_reason(before.config, old[rid][1], token_of[rid]) is not None
     ]
     finished_ids = [f.request_id for f in plan.finished]
     if finished_ids != expected_finished:
@@ -326,7 +355,7 @@ def _sampling_violations(before: SchedulerState, plan: StepPlan) -> list[str]:
         token = token_of[f.request_id]
         if f.output_token_ids != (*request.output_token_ids, token):
             found.append(f"R10: finished {f.request_id!r} reports outputs {f.output_token_ids}")
-        reason = _expected_reason(request, token)
+        reason = _expected_reason(before.config, request, token)
         if f.finish_reason != reason:
             found.append(f"R10: {f.request_id!r} finished with {f.finish_reason}, not {reason}")
         if f.num_preemptions != request.num_preemptions:

@@ -13,8 +13,9 @@ from dataclasses import replace
 from typing import Literal
 
 from spec.invariants import check_state  # noqa: F401  (used by the PEP 316 contracts)
-from spec.kv import blocks_held, never_fits
+from spec.kv import blocks_held
 from spec.policies import get_policy
+from spec.profiles import model_len, too_large
 from spec.types import (
     ConfigError,  # noqa: F401  (named by a contract's raises:)
     DuplicateRequestError,
@@ -112,7 +113,10 @@ def check_new_request(
     Check 3 (a token id outside the vocabulary) is the engine's: only it knows the
     vocabulary, so the spec accepts any int.
 
-    post: not never_fits(state.config, prompt_len, params.max_tokens)
+    Check 5 is the profile's ``too_large`` (``never_fits``, or vllm-v1/max-model-len's
+    "prompt >= max_model_len").
+
+    post: not too_large(state.config, prompt_len, params.max_tokens)
     raises: EmptyPromptError, InvalidMaxTokensError, DuplicateRequestError, RequestTooLargeError
     """
     if prompt_len < 1:
@@ -123,8 +127,13 @@ def check_new_request(
         )
     if is_live(state, request_id):
         raise DuplicateRequestError(f"request {request_id!r} is already live")
-    if never_fits(state.config, prompt_len, params.max_tokens):
+    if too_large(state.config, prompt_len, params.max_tokens):
         config = state.config
+        length = model_len(config)
+        if length is not None:
+            raise RequestTooLargeError(
+                f"request {request_id!r}: prompt of {prompt_len} tokens >= max_model_len {length}"
+            )
         raise RequestTooLargeError(
             f"request {request_id!r} can never be scheduled: prompt {prompt_len} + "
             f"max_tokens {params.max_tokens} - 1 tokens in {config.num_gpu_blocks} GPU "

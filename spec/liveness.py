@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from spec.invariants import check_state  # noqa: F401  (used by the PEP 316 contracts)
 from spec.kv import cdiv
+from spec.profiles import prefill_first
 from spec.scheduler import TokenOracle, step
 from spec.types import PreemptionMode, RequestState, SchedulerConfig, SchedulerState, StepPlan
 
@@ -104,6 +105,37 @@ def drain_step_bound(state: SchedulerState) -> int:
     3.3; the seed tutorial's scenario gives 64 against 34 steps (recompute) and 57
     (restart); with no memory pressure at all it tends to the number of requests
     running side by side (8 requests that all fit at once: 64 against 8).
+
+    **Profiles.** ``vllm-v1`` (``lifo``): the same bound. Its R4 accepts every prompt
+    shorter than ``max_model_len`` and vllm-v1/max-model-len finishes a request before
+    it holds ``max_model_len`` tokens, which fit the GPU cache (and, chunked prefill off,
+    one budget), so a lone request still fits (step 1); the full-sequence gate asks for
+    ``cdiv(num_tokens, bs)`` blocks, all free when ``running`` is empty (step 3); and
+    finishing at ``max_model_len`` only ends a request sooner.
+
+    ``nano-vllm``: a step that admits (nano-vllm/prefill-first) does not decode the
+    head, so step 2 holds only for decode steps, and the head is never a victim
+    (victim-next preempts the candidate *after* the current request, so the head only
+    when alone, and alone it fits). Call ``H`` the bound above. Decode steps, and the
+    admissions into an empty ``running`` that start a head, are at most ``H`` (each is
+    a step of some head's run, counted as above). Every other step is a prefill step
+    admitting at least one request; each admission takes a request out of ``waiting``,
+    and requests enter ``waiting`` only as victims, at most ``n - 1`` per decode step
+    for ``n`` live requests. So with ``W`` requests waiting now the drain takes at most
+    ``H + W + (n - 1) * H = n * H + W`` steps (loose; honest).
+
+    pre: check_state(state)
+    post: __return__ >= 0
+    """
+    bound = lifo_drain_bound(state)
+    if prefill_first(state.config):
+        live = len(state.waiting) + len(state.running) + len(state.swapped)
+        return live * bound + len(state.waiting)
+    return bound
+
+
+def lifo_drain_bound(state: SchedulerState) -> int:
+    """``drain_step_bound``'s ``H``: the sum over the live requests of their head steps.
 
     pre: check_state(state)
     post: __return__ >= 0

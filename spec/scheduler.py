@@ -30,7 +30,17 @@ from spec.invariants import (  # noqa: F401  (used by the PEP 316 contracts)
     live_ids_sorted,
 )
 from spec.kv import blocks_held, blocks_needed, cdiv, chunk_for_prefill
-from spec.policies import Policy, always_admit, get_policy, select_victim
+from spec.policies import Policy, always_admit, get_policy, priority_victim, select_victim
+from spec.profiles import (
+    decode_unbudgeted,
+    full_sequence_fits,
+    length_capped,
+    next_victim,
+    prefill_first,
+    running_capped,
+    step_token_limit,  # noqa: F401  (used by the PEP 316 contracts)
+    victim_among_all_running,
+)
 from spec.types import (
     FinishedRequest,
     FinishReason,
@@ -42,6 +52,7 @@ from spec.types import (
     ScheduledChunk,
     SchedulerConfig,
     SchedulerState,
+    Semantics,
     StepPlan,
 )
 
@@ -62,6 +73,8 @@ class StepDraft:
     scheduled: tuple[ScheduledChunk, ...] = ()
     preempted: tuple[Preemption, ...] = ()
     swapped_in: tuple[str, ...] = ()
+    #: The victims whose chunk of this step was undone (vllm-v1/priority-victim-any-running).
+    undone: tuple[str, ...] = ()
 
 
 def draft_violations(before: StepDraft, after: StepDraft) -> tuple[str, ...]:
@@ -73,7 +86,8 @@ def draft_violations(before: StepDraft, after: StepDraft) -> tuple[str, ...]:
     - R5: the plan only grows (earlier chunks, victims and swap-ins are kept); every new
       chunk has ``1 <= n <= num_tokens - computed`` tokens, starts at its request's
       computed count and names a running request; the budget goes down by exactly the
-      new chunks' tokens and stays ``>= 0``;
+      new chunks' tokens (but for nano-vllm/decode-unbudgeted's decodes, which it does not
+      charge) and stays ``>= 0``;
     - R1: no request is lost or duplicated (the same live ids).
 
     The contracts of the three phases are ``draft_violations(draft, __return__) == ()``.
@@ -87,7 +101,9 @@ def draft_violations(before: StepDraft, after: StepDraft) -> tuple[str, ...]:
     if after.swapped_in[: len(before.swapped_in)] != before.swapped_in:
         found.append("R7: an earlier swap-in changed")
     new = after.scheduled[old:]
-    if after.budget != before.budget - sum(c.num_tokens for c in new) or after.budget < 0:
+    unbudgeted = decode_unbudgeted(after.state.config)
+    charged = sum(c.num_tokens for c in new if not (unbudgeted and c.start > 0))
+    if after.budget != before.budget - charged or after.budget < 0:
         found.append(f"R5: budget {before.budget} -> {after.budget} for {len(new)} new chunks")
     running = {r.request_id: r for r in after.state.running}
     for chunk in new:
@@ -204,6 +220,27 @@ def choose_victim(policy: Policy, running: tuple[RequestState, ...], i: int) -> 
     return i + select_victim(policy, running[i:])
 
 
+def profile_victim(
+    config: SchedulerConfig, policy: Policy, running: tuple[RequestState, ...], i: int
+) -> int:
+    """R5 step 3 by profile: the index in ``running`` of the victim for ``running[i]``.
+
+    kvsched: ``choose_victim``. nano-vllm/victim-next: the candidate after ``running[i]``,
+    or ``running[i]`` when it is the last. vllm-v1/priority-victim-any-running: the
+    ``priority`` victim among the whole of ``running``, which may be a request already
+    scheduled in this step (an index below ``i``).
+
+    pre: 0 <= i < len(running)
+    post: 0 <= __return__ < len(running)
+    post: victim_among_all_running(config) or i <= __return__
+    """
+    if config.semantics is Semantics.NANO_VLLM:
+        return i + next_victim(len(running) - i)
+    if victim_among_all_running(config):
+        return priority_victim(running)
+    return choose_victim(policy, running, i)
+
+
 def schedule_running(draft: StepDraft) -> StepDraft:
     """Phase A (R5): serve ``running`` from the head, preempting when blocks run out.
 
@@ -218,7 +255,13 @@ def schedule_running(draft: StepDraft) -> StepDraft:
        (R6); if the victim is the current request itself, phase A ends;
     4. otherwise schedule chunk ``(running[i], n)`` and go on with ``i + 1``.
 
-    Requests left when the budget runs out are not scheduled in this step. Victims go
+    Requests left when the budget runs out are not scheduled in this step.
+
+    By profile (``spec.profiles``): under nano-vllm/decode-unbudgeted the walk ignores
+    the budget and stops once ``max_num_seqs`` requests are scheduled; the victim is
+    ``profile_victim``'s, and under vllm-v1/priority-victim-any-running a victim already
+    scheduled in this step has its chunk undone (its tokens back in the budget, its
+    blocks freed, out of the plan) and the walk goes on with the same request. Victims go
     to the front of ``waiting`` one by one as they are preempted (so under ``lifo``
     the victims of one step stay in admission order there), or, swapped, to the tail
     of ``swapped``.
@@ -236,6 +279,7 @@ def schedule_running(draft: StepDraft) -> StepDraft:
     config = state.config
     policy = get_policy(config.policy)
     bs = config.block_size
+    unbudgeted = decode_unbudgeted(config)
     running = list(state.running)
     chunks: list[ScheduledChunk] = []
     preempted: list[Preemption] = []
@@ -244,17 +288,31 @@ def schedule_running(draft: StepDraft) -> StepDraft:
     free = state.num_free_gpu_blocks
     free_cpu = state.num_free_cpu_blocks
     budget = draft.budget
+    undone: list[str] = []
     i = 0
     phase_over = False
-    while not phase_over and i < len(running) and budget > 0:
+    while not phase_over and i < len(running):
+        if unbudgeted:
+            if i >= config.max_num_seqs:
+                break
+        elif budget == 0:
+            break
         request = running[i]
         computed = request.num_computed_tokens
-        n = min(request.num_tokens - computed, budget)
+        remaining = request.num_tokens - computed
+        n = remaining if unbudgeted else min(remaining, budget)
         need = blocks_needed(computed, n, bs)
         while need > free:
-            k = choose_victim(policy, tuple(running), i)
+            k = profile_victim(config, policy, tuple(running), i)
             victim = running.pop(k)
-            free += blocks_held(victim.num_computed_tokens, bs)
+            held = victim.num_computed_tokens
+            if k < i:  # vllm-v1/priority-victim-any-running: undo its chunk
+                chunk = chunks.pop(k)
+                undone.append(chunk.request_id)
+                budget += chunk.num_tokens
+                held += chunk.num_tokens
+                i -= 1
+            free += blocks_held(held, bs)
             after, mode = preempt(victim, config, free_cpu)
             preempted.append(Preemption(request_id=victim.request_id, mode=mode))
             if mode is PreemptionMode.SWAP:
@@ -262,14 +320,15 @@ def schedule_running(draft: StepDraft) -> StepDraft:
                 to_swapped.append(after)
             else:
                 to_waiting.append(after)
-            if k == i:
+            if victim is request:
                 phase_over = True
                 break
         if not phase_over:
             chunks.append(
                 ScheduledChunk(request_id=request.request_id, start=computed, num_tokens=n)
             )
-            budget -= n
+            if not unbudgeted:
+                budget -= n
             free -= need
             i += 1
     if not preempted:
@@ -289,6 +348,7 @@ def schedule_running(draft: StepDraft) -> StepDraft:
         budget=budget,
         scheduled=(*draft.scheduled, *chunks),
         preempted=(*draft.preempted, *preempted),
+        undone=(*draft.undone, *undone),
     )
 
 
@@ -371,10 +431,12 @@ def admit_waiting(draft: StepDraft) -> StepDraft:
     is empty (swapped requests are served before new work, vLLM V0). Walk the waiting
     requests in the policy's order (R9); stop at the first that does not fit:
 
-    1. stop if ``len(running) >= max_num_seqs`` or ``budget == 0``;
+    1. stop if ``len(running) >= max_num_seqs`` (nano-vllm/seq-limit-per-step: if this
+       step admitted ``max_num_seqs`` already) or ``budget == 0``;
     2. ``n = min(num_tokens, budget)`` with chunked prefill on, else ``n = num_tokens``,
        and stop if ``n > budget``;
-    3. stop if ``cdiv(n, bs) > free``, or if the policy's admission gate refuses it;
+    3. stop if ``cdiv(n, bs) > free``, or (vllm-v1/full-sequence-admission) if
+       ``cdiv(num_tokens, bs) > free``, or if the policy's admission gate refuses it;
     4. else it leaves ``waiting``, goes to the tail of ``running``, and chunk (r, n) is
        scheduled (a preempted request re-prefills prompt + kept outputs).
 
@@ -398,14 +460,15 @@ def admit_waiting(draft: StepDraft) -> StepDraft:
     running = list(state.running)
     admitted: set[str] = set()
     chunks: list[ScheduledChunk] = []
+    seats = config.max_num_seqs - (len(running) if running_capped(config) else 0)
     for request in policy.order_waiting(state.waiting):
-        if len(running) >= config.max_num_seqs or budget == 0:
+        if len(chunks) >= seats or budget == 0:
             break
         n = chunk_for_prefill(request.num_tokens, budget, config.enable_chunked_prefill)
         if n > budget:
             break
         gpu_blocks = cdiv(n, bs)
-        if gpu_blocks > free:
+        if gpu_blocks > free or not full_sequence_fits(config, request, free):
             break
         # The default gate never refuses; skip building the view it would ignore.
         if policy.can_admit is not always_admit and not policy.can_admit(
@@ -443,6 +506,9 @@ def schedule(state: SchedulerState) -> tuple[SchedulerState, StepPlan]:
 
     The plan has ``step = state.num_steps`` and empty ``sampled`` / ``finished``.
 
+    Under nano-vllm/prefill-first phase C runs first, with the whole budget; if it
+    admitted anyone the step is that prefill alone, else phase A runs (a decode step).
+
     The returned state is an **intermediate value**, not a state between steps: the
     blocks of every scheduled chunk are already taken and the queues are as decided,
     but no ``num_computed_tokens`` has advanced and ``num_steps`` has not moved, so a
@@ -451,11 +517,15 @@ def schedule(state: SchedulerState) -> tuple[SchedulerState, StepPlan]:
     only to ``sampling_request_ids`` and ``complete_step``.
 
     pre: check_state(state)
-    post: plan_tokens(__return__[1]) <= state.config.max_num_batched_tokens and __return__[1].step == state.num_steps and __return__[1].sampled == () and __return__[1].finished == () and (not __return__[1].preempted or __return__[1].swapped_in == ())
+    post: plan_tokens(__return__[1]) <= step_token_limit(state.config) and __return__[1].step == state.num_steps and __return__[1].sampled == () and __return__[1].finished == () and (not __return__[1].preempted or __return__[1].swapped_in == ())
     post: kv_conserved_mid_step(__return__[0], __return__[1].scheduled) and live_ids_sorted(__return__[0]) == live_ids_sorted(state)
     """  # noqa: E501
     draft = StepDraft(state=state, budget=state.config.max_num_batched_tokens)
-    draft = admit_waiting(swap_in_requests(schedule_running(draft)))
+    if prefill_first(state.config):
+        admitted = admit_waiting(draft)
+        draft = admitted if admitted.scheduled else schedule_running(draft)
+    else:
+        draft = admit_waiting(swap_in_requests(schedule_running(draft)))
     plan = StepPlan.of(
         step=state.num_steps,
         scheduled=draft.scheduled,
@@ -468,20 +538,24 @@ def schedule(state: SchedulerState) -> tuple[SchedulerState, StepPlan]:
 # --- phase D: sampled tokens and finishing (R10) ---------------------------------------
 
 
-def finish_reason(params: SamplingParams, token: int, num_outputs: int) -> FinishReason | None:
+def finish_reason(
+    config: SchedulerConfig, params: SamplingParams, token: int, num_tokens: int, num_outputs: int
+) -> FinishReason | None:
     """R10: why a request that just sampled ``token`` (now its ``num_outputs``-th) stops.
 
-    ``stop`` if the token is its ``eos_token_id`` and ``ignore_eos`` is false (checked
-    first, so an EOS as the last allowed token is ``stop``; the EOS token is part of
-    the output); otherwise ``length`` once it has ``max_tokens`` outputs; else None.
+    ``num_tokens`` is its prompt + outputs, the token included. ``stop`` if the token
+    is its ``eos_token_id`` and ``ignore_eos`` is false (checked first, so an EOS as the
+    last allowed token is ``stop``; the EOS token is part of the output); otherwise
+    ``length`` once it has ``max_tokens`` outputs, or under vllm-v1/max-model-len
+    ``max_model_len`` tokens (``spec.profiles.length_capped``); else None.
 
     pre: num_outputs >= 1
-    post: __return__ != FinishReason.LENGTH or num_outputs >= params.max_tokens
+    post: __return__ != FinishReason.LENGTH or length_capped(config, num_tokens, num_outputs, params.max_tokens)
     post: __return__ is not None or num_outputs < params.max_tokens
-    """
+    """  # noqa: E501
     if not params.ignore_eos and params.eos_token_id is not None and token == params.eos_token_id:
         return FinishReason.STOP
-    if num_outputs >= params.max_tokens:
+    if length_capped(config, num_tokens, num_outputs, params.max_tokens):
         return FinishReason.LENGTH
     return None
 
@@ -580,7 +654,13 @@ def complete_step(
         outputs = (*request.output_token_ids, token)
         sampled_ids.append(request_id)
         sampled_token_ids.append(token)
-        reason = finish_reason(request.request.params, token, len(outputs))
+        reason = finish_reason(
+            state_mid.config,
+            request.request.params,
+            token,
+            len(request.request.prompt_token_ids) + len(outputs),
+            len(outputs),
+        )
         if reason is None:
             updated[request_id] = RequestState(
                 request=request.request,
@@ -657,7 +737,7 @@ def step(
 
     pre: check_state(state)
     post: check_state(__return__[0])
-    post: check_plan(state, __return__[1], __return__[0]) and __return__[1].step == state.num_steps and __return__[0].num_steps == state.num_steps + 1 and plan_tokens(__return__[1]) <= state.config.max_num_batched_tokens
+    post: check_plan(state, __return__[1], __return__[0]) and __return__[1].step == state.num_steps and __return__[0].num_steps == state.num_steps + 1 and plan_tokens(__return__[1]) <= step_token_limit(state.config)
     raises: SampledTokensError
     """  # noqa: E501
     state_mid, plan = schedule(state)

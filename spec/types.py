@@ -26,6 +26,19 @@ class PreemptionMode(enum.StrEnum):
     SWAP = "swap"  # copy KV blocks to the CPU pool and back
 
 
+class Semantics(enum.StrEnum):
+    """A named bundle of scheduling rules (docs/semantics.md, "Semantics profiles").
+
+    ``kvsched`` is R1-R11 as written; ``vllm-v1`` and ``nano-vllm`` replace some of
+    them with the named rules that make the spec decide exactly as vLLM V1's and
+    nano-vllm's real schedulers do (docs/peers.md lists the differences they model).
+    """
+
+    KVSCHED = "kvsched"
+    VLLM_V1 = "vllm-v1"
+    NANO_VLLM = "nano-vllm"
+
+
 class FinishReason(enum.StrEnum):
     """Why a request left the engine (vLLM's ``finish_reason`` strings)."""
 
@@ -113,6 +126,11 @@ class SchedulerConfig:
     preemption_mode: PreemptionMode = PreemptionMode.RECOMPUTE
     num_cpu_blocks: int = 0
     policy: str = "lifo"
+    semantics: Semantics = Semantics.KVSCHED
+    #: vllm-v1 only: the longest sequence (prompt + outputs). None there means the
+    #: largest the profile allows: the whole GPU cache, and with chunked prefill off at
+    #: most ``max_num_batched_tokens`` (vLLM's own constraint, below).
+    max_model_len: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("num_gpu_blocks", "block_size", "max_num_batched_tokens", "max_num_seqs"):
@@ -129,6 +147,77 @@ class SchedulerConfig:
             )
         if not isinstance(self.preemption_mode, PreemptionMode):
             raise ConfigError(f"unknown preemption_mode {self.preemption_mode!r}")
+        try:  # a profile's name is accepted for the member (the CLI passes names)
+            object.__setattr__(self, "semantics", Semantics(self.semantics))
+        except ValueError:
+            known = ", ".join(s.value for s in Semantics)
+            raise ConfigError(f"unknown semantics {self.semantics!r} (known: {known})") from None
+        if self.semantics is Semantics.VLLM_V1:
+            self._check_vllm_v1()
+        else:
+            if self.max_model_len is not None:
+                raise ConfigError(
+                    f"max_model_len is a vllm-v1 setting; the {self.semantics} profile has none"
+                )
+            if self.semantics is Semantics.NANO_VLLM:
+                self._check_nano_vllm()
+
+    def _check_vllm_v1(self) -> None:
+        """vLLM V1's config-time constraints (paths in vLLM 0.32.0's ``vllm/``)."""
+        prefix = "semantics vllm-v1"
+        if self.preemption_mode is not PreemptionMode.RECOMPUTE or self.num_cpu_blocks:
+            # v1/core/sched/scheduler.py: _preempt_request only recomputes; no swap path.
+            raise ConfigError(f"{prefix}: preemption by recompute only, no CPU pool")
+        if self.policy not in ("lifo", "priority"):
+            # v1/core/sched/request_queue.py:200-209: only fcfs (= lifo) and priority.
+            raise ConfigError(f"{prefix}: policy lifo (vLLM's fcfs) or priority only")
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            # config/scheduler.py:328-333.
+            raise ConfigError(
+                f"{prefix}: max_num_batched_tokens ({self.max_num_batched_tokens}) must be "
+                f">= max_num_seqs ({self.max_num_seqs})"
+            )
+        capacity = self.num_gpu_blocks * self.block_size
+        if self.max_model_len is None:
+            default = capacity
+            if not self.enable_chunked_prefill:
+                default = min(default, self.max_num_batched_tokens)
+            object.__setattr__(self, "max_model_len", default)
+        length = self.max_model_len
+        if not isinstance(length, int) or isinstance(length, bool) or length < 2:
+            # A prompt must be shorter than max_model_len (v1/engine/input_processor.py).
+            raise ConfigError(f"{prefix}: max_model_len must be an integer >= 2, got {length!r}")
+        if not self.enable_chunked_prefill and self.max_num_batched_tokens < length:
+            # config/scheduler.py:315-326.
+            raise ConfigError(
+                f"{prefix}: with chunked prefill off, max_num_batched_tokens "
+                f"({self.max_num_batched_tokens}) must be >= max_model_len ({length})"
+            )
+        if length > capacity:
+            # v1/core/kv_cache_utils.py check_enough_kv_cache_memory: one max_model_len
+            # sequence must fit the cache (vLLM counts its null block in the pool, so it
+            # allows one block more; the spec counts usable blocks only).
+            raise ConfigError(
+                f"{prefix}: max_model_len {length} does not fit the GPU cache "
+                f"({self.num_gpu_blocks} blocks of {self.block_size} = {capacity} tokens)"
+            )
+
+    def _check_nano_vllm(self) -> None:
+        """nano-vllm's constraints (paths in nano-vllm-fork 20260210's ``nanovllm/``)."""
+        prefix = "semantics nano-vllm"
+        if self.enable_chunked_prefill:
+            # engine/scheduler.py:71: a waiting sequence is prefilled whole or not at all.
+            raise ConfigError(f"{prefix}: no chunked prefill (use enable_chunked_prefill=False)")
+        if self.preemption_mode is not PreemptionMode.RECOMPUTE or self.num_cpu_blocks:
+            # engine/scheduler.py:181-184: preempt() frees the blocks, the sequence re-prefills.
+            raise ConfigError(f"{prefix}: preemption by recompute only, no CPU pool")
+        if self.policy != "lifo":
+            # One FIFO deque for waiting; its victim rule is nano-vllm/victim-next.
+            raise ConfigError(f"{prefix}: policy lifo only (its victims are victim-next's)")
+        if self.block_size < 2:
+            # engine/block_manager.py:330-331: can_append tests len % block_size == 1,
+            # never true for 1, so a decode would never get its new block.
+            raise ConfigError(f"{prefix}: block_size must be >= 2, got {self.block_size}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

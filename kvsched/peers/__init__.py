@@ -18,9 +18,15 @@ from kvsched.peers.protocol import (
     PeerUnsupportedError,
     SchedulerUnderTest,
 )
-from spec.types import SamplingParams, SchedulerConfig
+from spec.types import SamplingParams, SchedulerConfig, Semantics
 
 PEERS = ("vllm", "nano-vllm")
+#: The spec profile each ``--engine`` is held to unless ``--semantics`` says otherwise.
+PROFILES = {
+    "kvsched": Semantics.KVSCHED,
+    "vllm": Semantics.VLLM_V1,
+    "nano-vllm": Semantics.NANO_VLLM,
+}
 
 
 def common_eos(params: Iterable[SamplingParams]) -> int | None:
@@ -51,6 +57,7 @@ def make_peer(
 __all__ = [
     "INSTALL_HINT",
     "PEERS",
+    "PROFILES",
     "Hidden",
     "Observation",
     "PeerFailure",

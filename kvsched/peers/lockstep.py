@@ -18,8 +18,11 @@ request refused for it is not given to the spec. An abort is given to both.
 
 The first difference stops the run: a ``Divergence`` with the step, the field's path
 (``plan.preempted[0].request_id``), both values and both states. Fields the scheduler
-declares hidden are masked on both sides. ``semantics`` names the spec profile to run
-(today only ``kvsched``: the peers' profiles are docs/peers.md's candidate rules).
+declares hidden are masked on both sides. The spec runs under the config's
+``semantics`` profile (docs/semantics.md, "Semantics profiles"); under ``vllm-v1`` the
+waiting queues are compared in service order (the policy's ``order_waiting``): vLLM
+keeps its priority queue as a heap and lists it in that order, the spec keeps the order
+requests entered, and no decision reads the difference (V4 in docs/peers.md).
 """
 
 from __future__ import annotations
@@ -43,7 +46,6 @@ from kvsched.peers.protocol import (
 from kvsched.workload import WorkloadRequest
 from spec.scheduler import TokenOracle
 from spec.types import (
-    ConfigError,
     FinishedRequest,
     InvalidRequestError,
     RequestState,
@@ -51,11 +53,11 @@ from spec.types import (
     SamplingParams,
     SchedulerConfig,
     SchedulerState,
+    Semantics,
     StepPlan,
     TokenOutOfVocabError,
 )
 
-SPEC_PROFILES = ("kvsched",)
 T = TypeVar("T")
 
 
@@ -106,6 +108,13 @@ def mask_plan(plan: StepPlan, hidden: frozenset[Hidden]) -> StepPlan:
     return replace(plan, finished=tuple(_mask_finished(f, hidden) for f in plan.finished))
 
 
+def in_service_order(state: SchedulerState) -> SchedulerState:
+    """Under ``vllm-v1``, ``waiting`` in the order the policy serves it; else as stored."""
+    if state.config.semantics is not Semantics.VLLM_V1:
+        return state
+    return replace(state, waiting=spec.get_policy(state.config.policy).order_waiting(state.waiting))
+
+
 def _refusal(e: InvalidRequestError | None) -> str:
     return "accepted" if e is None else f"{type(e).__name__}: {e}"
 
@@ -118,14 +127,7 @@ class Lockstep:
         peer: SchedulerUnderTest,
         config: SchedulerConfig,
         next_token: TokenOracle,
-        *,
-        semantics: str = "kvsched",
     ) -> None:
-        if semantics not in SPEC_PROFILES:
-            raise ConfigError(
-                f"semantics profile {semantics!r} is not in the spec yet "
-                f"(known: {', '.join(SPEC_PROFILES)})"
-            )
         self.peer = peer
         self.next_token = next_token
         self.state: SchedulerState = spec.init_state(config)
@@ -158,7 +160,9 @@ class Lockstep:
         observed = self.peer.observe()
         self.hidden = observed.hidden
         self._compare(
-            mask_state(self.state, self.hidden), mask_state(observed.state, self.hidden), "state"
+            in_service_order(mask_state(self.state, self.hidden)),
+            in_service_order(mask_state(observed.state, self.hidden)),
+            "state",
         )
         spec_blocks = {
             rid: spec.blocks_owned(self.state, rid)[0] for rid in spec.live_request_ids(self.state)
@@ -255,7 +259,6 @@ def run_workload(
     workload: Sequence[WorkloadRequest],
     next_token: TokenOracle,
     *,
-    semantics: str = "kvsched",
     max_steps: int | None = None,
     on_step: StepCallback | None = None,
 ) -> LockstepReport:
@@ -268,7 +271,7 @@ def run_workload(
     divergence: Divergence | None = None
     lock: Lockstep | None = None
     try:
-        lock = Lockstep(peer, config, next_token, semantics=semantics)
+        lock = Lockstep(peer, config, next_token)
         nxt = 0
         while True:
             added = False
@@ -315,7 +318,6 @@ def describe(divergence: Divergence) -> str:
 
 
 __all__ = [
-    "SPEC_PROFILES",
     "Diverged",
     "Divergence",
     "Lockstep",

@@ -11,7 +11,8 @@ Mapping of the spec's config (docs/peers.md lists what has no counterpart):
 - ``policy``: ``lifo`` is vLLM's ``fcfs`` (victim = last running), ``priority`` is
   ``priority``; ``preemption_mode`` must be ``recompute`` (vLLM V1 has no swap);
 - prefix caching is off: the spec has none yet;
-- ``max_model_len``: with chunked prefill on, the local model config's
+- ``max_model_len``: the config's (the ``vllm-v1`` profile always has one); under
+  another profile, with chunked prefill on, the local model config's
   ``max_position_embeddings`` (``MAX_MODEL_LEN``), larger than any workload here, so
   its stop rule never fires; with it off vLLM requires
   ``max_num_batched_tokens >= max_model_len`` (config/scheduler.py:315), so it is
@@ -154,6 +155,9 @@ def check_config(config: SchedulerConfig) -> None:
 
 
 def max_model_len(config: SchedulerConfig) -> int:
+    """The config's own under the vllm-v1 profile; else the loosest vLLM accepts."""
+    if config.max_model_len is not None:
+        return config.max_model_len
     return MAX_MODEL_LEN if config.enable_chunked_prefill else config.max_num_batched_tokens
 
 

@@ -22,6 +22,7 @@ from spec.types import (
     PreemptionMode,
     SamplingParams,
     SchedulerConfig,
+    Semantics,
     StepPlan,
 )
 from tests.cli.helpers import Invoke, WriteWorkload
@@ -158,9 +159,24 @@ def test_block_counts_are_compared() -> None:
 
 
 def test_an_unknown_semantics_profile_is_refused() -> None:
-    config = SchedulerConfig(num_gpu_blocks=8)
     with pytest.raises(ConfigError, match="vllm-v1"):
-        Lockstep(SchedulerAdapter(config), config, ORACLE, semantics="vllm-v1")
+        SchedulerConfig(num_gpu_blocks=8, semantics="vllm-v2")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("semantics", list(Semantics))
+def test_our_scheduler_follows_every_profile(semantics: Semantics) -> None:
+    """The config's profile is the one both sides run (ours implements all three)."""
+    config = SchedulerConfig(
+        num_gpu_blocks=6,
+        block_size=2,
+        max_num_batched_tokens=8,
+        max_num_seqs=4,
+        enable_chunked_prefill=semantics is not Semantics.NANO_VLLM,
+        semantics=semantics,
+    )
+    report = run_workload(SchedulerAdapter(config), config, _workload(4), ORACLE)
+    assert report.divergence is None, report.divergence
+    assert report.steps > 0
 
 
 def test_plans_are_built_and_read_in_one_place() -> None:

@@ -19,8 +19,8 @@ from typing import ClassVar, Concatenate, ParamSpec, TypeVar
 from hypothesis import currently_in_test_context, event, target
 from hypothesis.stateful import Bundle, RuleBasedStateMachine
 
-import spec
 from impl.scheduler import Scheduler
+from spec.profiles import model_len, too_large
 from spec.types import (
     FinishedRequest,
     InvalidRequestError,
@@ -157,7 +157,13 @@ class MachineBase(RuleBasedStateMachine):
         """Tokens and parameters of a drawn request, clamped to fit unless ``oversize``."""
         config = self.config
         prompt_len, max_tokens = req.prompt_len, req.max_tokens
-        if not req.oversize:
+        length = model_len(config)
+        if length is not None:
+            # vllm-v1/max-model-len: the prompt must be shorter; max_tokens is not capped,
+            # so requests also stop at max_model_len.
+            if not req.oversize:
+                prompt_len = min(prompt_len, length - 1)
+        elif not req.oversize:
             cap = config.num_gpu_blocks * config.block_size  # L = P + M - 1 <= cap (R4)
             if not config.enable_chunked_prefill:
                 if config.preemption_mode is PreemptionMode.RESTART:
@@ -179,7 +185,7 @@ class MachineBase(RuleBasedStateMachine):
             seed=req.salt,
         )
         if req.eos is not None:
-            if spec.never_fits(config, prompt_len, max_tokens):
+            if too_large(config, prompt_len, max_tokens):
                 eos = req.eos % self.VOCAB
             else:
                 outputs = self.solo(prompt, params)

@@ -26,7 +26,7 @@ from spec.types import (
     TokenOutOfVocabError,
     UnknownRequestError,
 )
-from tests.stateful.strategies import BLOCK_SIZES, FAULT_KINDS, POLICY_NAMES
+from tests.stateful.strategies import BLOCK_SIZES, FAULT_KINDS, POLICY_NAMES, SEMANTICS
 
 
 @dataclass
@@ -89,6 +89,15 @@ def write_report(machine: str, profile: str, record: RunRecord, missing: Sequenc
 REQUIRED_EVENTS: Final = frozenset(
     {
         *(f"config: policy={name}" for name in POLICY_NAMES),
+        *(f"config: semantics={name}" for name in SEMANTICS),
+        # Each profile rule made a difference at least once (tests/stateful/step.py).
+        "vllm-v1/max-model-len: length at max_model_len",
+        "vllm-v1/priority-victim-any-running: a scheduled victim's chunk undone",
+        "vllm-v1/full-sequence-admission: the gate held a request back",
+        "nano-vllm/prefill-first: a prefill-only step with requests running",
+        "nano-vllm/decode-unbudgeted: a decode step over the token budget",
+        "nano-vllm/victim-next: a victim lifo would not have chosen",
+        "nano-vllm/seq-limit-per-step: more than max_num_seqs running",
         *(f"config: mode={mode}" for mode in PreemptionMode),
         *(f"config: block_size={bs}" for bs in BLOCK_SIZES),
         "config: chunked prefill on",

@@ -82,6 +82,7 @@ class Rules(Stepping):
         self.new_real(config)
         self.ready = True
         self.record.stats.examples += 1
+        self.note(f"config: semantics={config.semantics}")
         self.note(f"config: policy={config.policy}")
         self.note(f"config: mode={config.preemption_mode}")
         self.note(f"config: block_size={config.block_size}")

@@ -5,10 +5,41 @@ from __future__ import annotations
 from dataclasses import replace
 
 import spec
-from spec.types import PreemptionMode, SampledTokensError, SchedulerState, StepPlan
+from spec.kv import cdiv, chunk_for_prefill
+from spec.scheduler import StepDraft, schedule_running
+from spec.types import (
+    FinishReason,
+    PreemptionMode,
+    SampledTokensError,
+    SchedulerState,
+    Semantics,
+    StepPlan,
+)
 from tests.stateful.base import MachineBase
 from tests.stateful.diffs import DECISIONS, plan_diff, state_diff
 from tests.stateful.failures import InjectedFault, InvariantViolation, fail, require
+
+
+def victim_chunk_undone(before: SchedulerState) -> bool:
+    """Whether phase A of this step undid a victim's chunk (the spec's draft says)."""
+    budget = before.config.max_num_batched_tokens
+    return bool(schedule_running(StepDraft(state=before, budget=budget)).undone)
+
+
+def full_sequence_gate_refused(mid: SchedulerState, plan: StepPlan, admitted: list[str]) -> bool:
+    """Whether phase C stopped at a request whose chunk fit but whose whole sequence did
+    not (vllm-v1/full-sequence-admission), with budget and a seat left."""
+    config = mid.config
+    budget = config.max_num_batched_tokens - sum(plan.num_scheduled_tokens)
+    if plan.preempted or not mid.waiting or budget == 0:
+        return False
+    if len(mid.running) >= config.max_num_seqs:
+        return False
+    head = spec.get_policy(config.policy).order_waiting(mid.waiting)[0]
+    n = chunk_for_prefill(head.num_tokens, budget, config.enable_chunked_prefill)
+    bs = config.block_size
+    free = mid.num_free_gpu_blocks
+    return n <= budget and cdiv(n, bs) <= free < cdiv(head.num_tokens, bs)
 
 
 class Stepping(MachineBase):
@@ -78,6 +109,36 @@ class Stepping(MachineBase):
         self.record_step(before, mid, plan)
         return plan
 
+    def record_profile_rules(
+        self, before: SchedulerState, mid: SchedulerState, plan: StepPlan
+    ) -> None:
+        """Events for the profile rules that made a difference in this step (the spec's
+        view; both sides were just found to agree on it)."""
+        config = before.config
+        admitted = [r.request_id for r in before.waiting if r.request_id in plan.scheduled_ids]
+        if config.semantics is Semantics.VLLM_V1:
+            for finished in plan.finished:
+                outputs = len(finished.output_token_ids)
+                request = next(r for r in mid.running if r.request_id == finished.request_id)
+                if (
+                    finished.finish_reason is FinishReason.LENGTH
+                    and outputs < request.request.params.max_tokens
+                ):
+                    self.note("vllm-v1/max-model-len: length at max_model_len")
+            if plan.preempted and victim_chunk_undone(before):
+                self.note("vllm-v1/priority-victim-any-running: a scheduled victim's chunk undone")
+            if full_sequence_gate_refused(mid, plan, admitted):
+                self.note("vllm-v1/full-sequence-admission: the gate held a request back")
+        else:
+            if admitted and before.running:
+                self.note("nano-vllm/prefill-first: a prefill-only step with requests running")
+            if not admitted and sum(plan.num_scheduled_tokens) > config.max_num_batched_tokens:
+                self.note("nano-vllm/decode-unbudgeted: a decode step over the token budget")
+            if plan.preempted and plan.preempted[0].request_id != before.running[-1].request_id:
+                self.note("nano-vllm/victim-next: a victim lifo would not have chosen")
+            if len(mid.running) > config.max_num_seqs:
+                self.note("nano-vllm/seq-limit-per-step: more than max_num_seqs running")
+
     def record_step(self, before: SchedulerState, mid: SchedulerState, plan: StepPlan) -> None:
         config = self.config
         self.record.stats.steps += 1
@@ -115,6 +176,8 @@ class Stepping(MachineBase):
         after = self.spec.state
         if len(after.running) == config.max_num_seqs and after.waiting:
             self.note("max_num_seqs reached with requests waiting")
+        if config.semantics is not Semantics.KVSCHED:
+            self.record_profile_rules(before, mid, plan)
         self.peak_gpu_used = max(
             self.peak_gpu_used, config.num_gpu_blocks - after.num_free_gpu_blocks
         )

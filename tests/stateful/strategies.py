@@ -8,10 +8,13 @@ from typing import Final
 from hypothesis import strategies as st
 
 import spec
-from spec.types import PreemptionMode, SchedulerConfig
+from spec.types import PreemptionMode, SchedulerConfig, Semantics
 
 BLOCK_SIZES: Final = (1, 2, 4, 16)
 POLICY_NAMES: Final = tuple(sorted(spec.POLICIES))
+#: kvsched twice: the profiles share the example budget, and kvsched has the most paths
+#: (every mode and policy); each peer profile gets a quarter of the examples.
+SEMANTICS: Final = (Semantics.KVSCHED, Semantics.VLLM_V1, Semantics.KVSCHED, Semantics.NANO_VLLM)
 
 
 @st.composite
@@ -22,6 +25,9 @@ def engine_configs(draw: st.DrawFn) -> SchedulerConfig:
     time) gets a CPU pool from none (every swap falls back to recompute) through too
     small to twice the GPU pool.
     """
+    semantics = draw(st.sampled_from(SEMANTICS))
+    if semantics is not Semantics.KVSCHED:
+        return draw(profile_configs(semantics))
     block_size = draw(st.sampled_from(BLOCK_SIZES))
     gpu_tokens = draw(st.integers(8, 64))
     num_gpu_blocks = max(2, gpu_tokens // block_size)  # 16 x 1 block: no two requests fit
@@ -50,6 +56,48 @@ def engine_configs(draw: st.DrawFn) -> SchedulerConfig:
             preemption_mode=st.builds(PreemptionMode, st.just(mode.value)),
             num_cpu_blocks=st.just(num_cpu_blocks),
             policy=st.just(policy),
+        )
+    )
+
+
+@st.composite
+def profile_configs(draw: st.DrawFn, semantics: Semantics) -> SchedulerConfig:
+    """A config a peer profile accepts (its constraints: ``SchedulerConfig.__post_init__``).
+
+    Both: recompute only, no CPU pool. vllm-v1: ``lifo`` or ``priority``,
+    ``max_num_batched_tokens >= max_num_seqs``, ``max_model_len`` drawn or the default
+    (the whole cache; with chunked prefill off at most the budget). nano-vllm: ``lifo``,
+    chunked prefill off, block size >= 2.
+    """
+    nano = semantics is Semantics.NANO_VLLM
+    block_size = draw(st.sampled_from(BLOCK_SIZES[1:] if nano else BLOCK_SIZES))
+    num_gpu_blocks = max(2, draw(st.integers(8, 64)) // block_size)
+    max_num_seqs = draw(st.sampled_from((2, 3, 4, 6, 8, 1)))
+    # nano-vllm: budgets below max_num_seqs, where decode-unbudgeted shows, half the time.
+    budgets = st.integers(1, 8) | st.integers(1, 64) if nano else st.integers(max_num_seqs, 64)
+    max_num_batched_tokens = draw(budgets)
+    chunked = False if nano else draw(st.booleans())
+    policy = "lifo" if nano else draw(st.sampled_from(("lifo", "priority")))
+    max_model_len: int | None = None
+    if not nano:
+        top = num_gpu_blocks * block_size
+        if not chunked:
+            top = min(top, max_num_batched_tokens)
+        if top < 2:
+            chunked, top = True, num_gpu_blocks * block_size  # a 1-token model is no model
+        if draw(st.booleans()):
+            max_model_len = draw(st.integers(2, top))
+    return draw(
+        st.builds(
+            SchedulerConfig,
+            num_gpu_blocks=st.just(num_gpu_blocks),
+            block_size=st.just(block_size),
+            max_num_batched_tokens=st.just(max_num_batched_tokens),
+            max_num_seqs=st.just(max_num_seqs),
+            enable_chunked_prefill=st.just(chunked),
+            policy=st.just(policy),
+            semantics=st.builds(Semantics, st.just(semantics.value)),
+            max_model_len=st.just(max_model_len),
         )
     )
 

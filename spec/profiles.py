@@ -1,0 +1,175 @@
+"""The rules of the semantics profiles (docs/semantics.md, "Semantics profiles").
+
+``SchedulerConfig.semantics`` selects a profile. ``kvsched`` is R1-R11 as written;
+``vllm-v1`` and ``nano-vllm`` replace some of them with the named rules below, each a
+pure function beside the text of its rule and the peer source it follows (paths in
+vLLM 0.32.0's ``vllm/`` and nano-vllm-fork 20260210's ``nanovllm/``). The phases in
+``spec.scheduler`` and ``spec.lifecycle`` ask these functions, never the profile's
+name, so each rule is written once.
+
+Config-time constraints of the profiles are ``SchedulerConfig.__post_init__``'s.
+"""
+
+from __future__ import annotations
+
+from spec.kv import cdiv, never_fits
+from spec.types import RequestState, SchedulerConfig, Semantics
+
+# --- vllm-v1/max-model-len (V1, V5) ----------------------------------------------------
+
+
+def model_len(config: SchedulerConfig) -> int | None:
+    """``max_model_len`` where the profile has one (vllm-v1), else None.
+
+    post: (__return__ is None) == (config.semantics is not Semantics.VLLM_V1)
+    """
+    return config.max_model_len if config.semantics is Semantics.VLLM_V1 else None
+
+
+def too_large(config: SchedulerConfig, prompt_len: int, max_tokens: int) -> bool:
+    """R4 check 5, by profile: whether ``add_request`` refuses the request's size.
+
+    ``kvsched``, ``nano-vllm``: ``never_fits`` (it could never be scheduled alone).
+
+    **vllm-v1/max-model-len**, first half: a prompt of ``max_model_len`` tokens or more
+    (vLLM's front end, ``v1/engine/input_processor.py:574-602``; its scheduler's
+    ``add_request`` checks nothing, ``v1/core/sched/scheduler.py:2616``). There is no
+    per-request fit check: the profile's config guarantees that ``max_model_len``
+    tokens fit the GPU cache (``check_enough_kv_cache_memory``) and, with chunked
+    prefill off, one step's budget, and the second half (``length_capped``) stops every
+    request before it holds ``max_model_len`` tokens, so what is accepted fits alone.
+
+    pre: prompt_len >= 1
+    pre: max_tokens >= 1
+    post: config.semantics is Semantics.VLLM_V1 or __return__ == never_fits(config, prompt_len, max_tokens)
+    """  # noqa: E501
+    length = model_len(config)
+    if length is None:
+        return never_fits(config, prompt_len, max_tokens)
+    return prompt_len >= length
+
+
+def length_capped(
+    config: SchedulerConfig, num_tokens: int, num_outputs: int, max_tokens: int
+) -> bool:
+    """R10's ``length``, by profile, for a request that now has ``num_outputs`` outputs.
+
+    ``num_outputs >= max_tokens``; under **vllm-v1/max-model-len**, second half, also
+    ``num_tokens >= max_model_len`` (prompt + outputs; ``check_stop``,
+    ``v1/core/sched/utils.py:114-119``, after the EOS check as in R10).
+
+    pre: num_outputs >= 1
+    post: __return__ == (num_outputs >= max_tokens or (model_len(config) is not None and num_tokens >= model_len(config)))
+    """  # noqa: E501
+    if num_outputs >= max_tokens:
+        return True
+    length = model_len(config)
+    return length is not None and num_tokens >= length
+
+
+# --- vllm-v1/full-sequence-admission (V2) ----------------------------------------------
+
+
+def full_sequence_fits(config: SchedulerConfig, request: RequestState, free: int) -> bool:
+    """Phase C's gate under **vllm-v1/full-sequence-admission**; always True otherwise.
+
+    A waiting (or preempted) request is admitted only if the blocks of *all* its
+    ``num_tokens`` (prompt + kept outputs) are free, even when only a first chunk is
+    scheduled: ``cdiv(num_tokens, bs) <= free`` (``scheduler_reserve_full_isl=True``,
+    ``config/scheduler.py:190``; ``v1/core/kv_cache_manager.py:524-538``, watermark 0).
+    kvsched asks only for the chunk's ``cdiv(n, bs)`` blocks. (vLLM caps the count at
+    ``max_model_len``, which a live request never reaches.)
+
+    pre: free >= 0
+    post: config.semantics is Semantics.VLLM_V1 or __return__
+    """
+    if config.semantics is not Semantics.VLLM_V1:
+        return True
+    return cdiv(request.num_tokens, config.block_size) <= free
+
+
+# --- vllm-v1/priority-victim-any-running (V3) ------------------------------------------
+
+
+def victim_among_all_running(config: SchedulerConfig) -> bool:
+    """Whether the victim is chosen among *all* of ``running`` (vllm-v1 under ``priority``).
+
+    **vllm-v1/priority-victim-any-running**: under ``priority`` vLLM preempts
+    ``max(self.running, key=(priority, arrival_time))``, including requests already
+    scheduled earlier in the same step; such a victim's chunk is undone (its tokens
+    return to the budget, its blocks are freed, it leaves the plan) and the walk goes
+    on from the same request (``v1/core/sched/scheduler.py:797-835``, undo at ``:814``).
+    kvsched's candidates are ``running[i:]`` only (R5 step 3).
+
+    post: __return__ == (config.semantics is Semantics.VLLM_V1 and config.policy == "priority")
+    """
+    return config.semantics is Semantics.VLLM_V1 and config.policy == "priority"
+
+
+# --- nano-vllm rules (N1-N4) -----------------------------------------------------------
+
+
+def prefill_first(config: SchedulerConfig) -> bool:
+    """**nano-vllm/prefill-first** (N1): a step admits first; if it admitted anyone it is
+    that prefill alone, and running requests decode only in steps that admit nobody
+    (``engine/scheduler.py:31-89``, the return at ``:89``). kvsched serves ``running``
+    first (R5), then admits (R8) in the same step.
+
+    post: __return__ == (config.semantics is Semantics.NANO_VLLM)
+    """
+    return config.semantics is Semantics.NANO_VLLM
+
+
+def decode_unbudgeted(config: SchedulerConfig) -> bool:
+    """**nano-vllm/decode-unbudgeted** (N3): phase A ignores ``max_num_batched_tokens``.
+
+    A decode step schedules running requests, head first, until ``max_num_seqs`` of
+    them are scheduled (``engine/scheduler.py:95``: only ``num_seqs < max_num_seqs``);
+    its tokens are not charged to the budget. kvsched's phase A stops when the budget
+    is spent (R5). Every running request decodes (the profile has no chunked prefill),
+    so a decode step has at most ``max_num_seqs`` tokens.
+
+    **nano-vllm/seq-limit-per-step** (found in phase 2, same lines and ``:31``):
+    ``max_num_seqs`` bounds the requests *scheduled in a step* (admitted in a prefill
+    step, decoded in a decode step), not ``running``: ``num_seqs`` starts at 0 in every
+    ``schedule()``. So admission stops after ``max_num_seqs`` admissions in the step,
+    however many run, and ``running`` may hold more than ``max_num_seqs`` requests.
+
+    post: __return__ == (config.semantics is Semantics.NANO_VLLM)
+    """
+    return config.semantics is Semantics.NANO_VLLM
+
+
+def running_capped(config: SchedulerConfig) -> bool:
+    """Whether ``running`` never holds more than ``max_num_seqs`` (R8), i.e. not nano-vllm.
+
+    post: __return__ == (config.semantics is not Semantics.NANO_VLLM)
+    """
+    return config.semantics is not Semantics.NANO_VLLM
+
+
+def next_victim(num_candidates: int) -> int:
+    """**nano-vllm/victim-next** (N4): the victim among the candidates ``running[i:]``.
+
+    The candidate after the current request (``temp_running.pop(0)``: the earliest
+    admitted of those not yet scheduled in this step), or the current request itself
+    when it is the last (``engine/scheduler.py:150-162``). kvsched's ``lifo`` preempts
+    the last candidate. (Upstream nano-vllm preempts ``self.running.pop()``, like
+    ``lifo``; this is the fork's choice.)
+
+    pre: num_candidates >= 1
+    post: __return__ == (1 if num_candidates > 1 else 0)
+    """
+    return 1 if num_candidates > 1 else 0
+
+
+def step_token_limit(config: SchedulerConfig) -> int:
+    """The most tokens one step schedules: ``max_num_batched_tokens``, and under
+    nano-vllm/decode-unbudgeted at least ``max_num_seqs`` (a decode step's one token per
+    scheduled request).
+
+    post: __return__ >= config.max_num_batched_tokens
+    """
+    if decode_unbudgeted(config):
+        return max(config.max_num_batched_tokens, config.max_num_seqs)
+    return config.max_num_batched_tokens
