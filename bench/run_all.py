@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from bench import (
     kv_utilization,
     preemption_cost,
+    prefix_caching,
     profile_step,
     scheduler_overhead,
     seed_workload,
@@ -31,6 +32,7 @@ SCRIPTS: list[tuple[str, Main, list[str], list[str]]] = [
     ("kv_utilization", kv_utilization.main, [], []),
     ("preemption_cost", preemption_cost.main, [], ["--repeats", "3"]),
     ("throughput", throughput.main, [], ["--repeats", "2"]),
+    ("prefix_caching", prefix_caching.main, [], []),
     ("profile_step", profile_step.main, [], []),
 ]
 

@@ -137,6 +137,10 @@ class EngineMetrics:
       and free blocks both lower it.
     * ``step_time_s``: wall time spent in committed ``step()`` calls;
       ``tokens_per_s`` is ``generated_tokens / step_time_s``.
+    * prefix caching (PC3-PC5): ``prefix_cache_queries`` the tokens of admitted
+      requests (looked up), ``prefix_cache_hits`` the tokens of theirs found cached
+      (not run through the model), ``prefix_cache_hit_rate`` their ratio, and
+      ``reclaimed_cached_blocks`` the cached blocks reclaimed for other content.
     """
 
     steps: int = 0
@@ -149,6 +153,9 @@ class EngineMetrics:
     peak_gpu_blocks_used: int = 0
     kv_utilization_sum: float = 0.0
     step_time_s: float = 0.0
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    reclaimed_cached_blocks: int = 0
 
     @property
     def num_preemptions(self) -> int:
@@ -157,6 +164,12 @@ class EngineMetrics:
     @property
     def kv_utilization(self) -> float:
         return self.kv_utilization_sum / self.steps if self.steps else 0.0
+
+    @property
+    def prefix_cache_hit_rate(self) -> float:
+        return (
+            self.prefix_cache_hits / self.prefix_cache_queries if self.prefix_cache_queries else 0.0
+        )
 
     @property
     def tokens_per_s(self) -> float:
@@ -272,9 +285,15 @@ class LLMEngine:
             raise
 
     def _reused_victim_blocks(self, out: SchedulerOutput) -> list[int]:
-        """GPU blocks freed by this step's victims and allocated again in this step."""
+        """GPU blocks freed by this step's victims and allocated again in this step.
+
+        With prefix caching, also the cached blocks reclaimed in this step: a rollback
+        gives them their keys back, so their K/V must survive the failed forward.
+        """
+        cache = self.scheduler.prefix_cache
+        reclaimed = [] if cache is None else cache.reclaimed_blocks()
         if not out.preempted:
-            return []
+            return reclaimed
         given_up = {block for record in out.preempted for block in record.gpu_blocks}
         bs = self.config.block_size
         reused = []
@@ -283,7 +302,7 @@ class LLMEngine:
             for block in seq.block_table[cdiv(seq.num_computed, bs) :]:
                 if block in given_up:
                     reused.append(block)
-        return reused
+        return list(dict.fromkeys((*reused, *reclaimed)))
 
     def _record(
         self, out: SchedulerOutput, tokens_in_cache: int, gpu_blocks_used: int, seconds: float
@@ -297,6 +316,11 @@ class LLMEngine:
         metrics.recomputed_tokens += out.num_recomputed_tokens
         metrics.scheduled_tokens += out.num_batched_tokens
         metrics.generated_tokens += out.num_samples
+        metrics.prefix_cache_queries += out.num_queried_tokens
+        metrics.prefix_cache_hits += out.num_hit_tokens
+        cache = self.scheduler.prefix_cache
+        if cache is not None:
+            metrics.reclaimed_cached_blocks += cache.num_reclaimed
         metrics.peak_gpu_blocks_used = max(metrics.peak_gpu_blocks_used, gpu_blocks_used)
         capacity = self.config.num_gpu_blocks * self.config.block_size
         metrics.kv_utilization_sum += tokens_in_cache / capacity

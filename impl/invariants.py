@@ -1,4 +1,4 @@
-"""R1 and R2 asserted on the scheduler's whole state, for tests (O(everything)).
+"""R1, R2 and PC1 asserted on the scheduler's whole state, for tests (O(everything)).
 
 Every live request is in exactly one queue with the status of that queue; waiting
 requests hold no blocks; running and swapped ones hold ``cdiv(num_computed, bs)``
@@ -8,6 +8,7 @@ and the policy's own state agree with the queues.
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import TYPE_CHECKING
 
 from impl.block_manager import cdiv
@@ -54,6 +55,13 @@ def check_invariants(sched: Scheduler) -> None:
                     assert len(seq.cpu_block_table) == owned and not seq.block_table, seq
                     cpu_owned += owned
     assert seen == set(sched.requests), "a live request is in no queue"
+    cache = sched.prefix_cache
+    if cache is not None:
+        # PC1: shared blocks count once, and each one's reference count is its holders.
+        holders = Counter(block for seq in sched.running for block in seq.block_table)
+        gpu_owned = len(holders)
+        for block, count in holders.items():
+            assert cache.ref_count(block) == count, f"block {block}: wrong reference count"
     assert sched.gpu.num_free_blocks + gpu_owned == sched.gpu.num_blocks, "GPU blocks leak"
     assert sched.cpu.num_free_blocks + cpu_owned == sched.cpu.num_blocks, "CPU blocks leak"
     assert cached == sched.num_cached_tokens, "cached-token counter drifted"

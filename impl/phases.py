@@ -12,6 +12,7 @@ from collections.abc import Sequence as SequenceABC
 from typing import TYPE_CHECKING
 
 from impl.block_manager import cdiv
+from impl.prefix_cache import forget_hashes
 from impl.scheduler_output import PreemptionRecord, SchedulerOutput
 from impl.sequence import Sequence, SequenceStatus
 from spec.types import (
@@ -38,6 +39,7 @@ def schedule_running(sched: Scheduler, out: SchedulerOutput, budget: int) -> int
     running = sched.running
     bs = sched.block_size
     gpu = sched.gpu
+    cache = sched.prefix_cache
     free = gpu.num_free_blocks
     num_scheduled = out.num_scheduled
     record = num_scheduled.append
@@ -72,6 +74,8 @@ def schedule_running(sched: Scheduler, out: SchedulerOutput, budget: int) -> int
                 free = gpu.num_free_blocks
             gpu.grow(table, len(table) + need)
             free -= need
+        if cache is not None:  # PC2: blocks this chunk fills get their keys
+            cache.cache_blocks(seq, computed, computed + n)
         record(n)
         budget -= n
         i += 1
@@ -163,6 +167,8 @@ def preempt(sched: Scheduler, out: SchedulerOutput, index: int) -> None:
         record.dropped_outputs = seq.token_ids[seq.num_prompt_tokens :]
         del seq.token_ids[seq.num_prompt_tokens :]
         seq.num_tokens = seq.num_prompt_tokens
+        if sched.prefix_cache is not None:
+            forget_hashes(seq, seq.num_tokens, sched.block_size)
     seq.status = _WAITING
     sched.waiting.push_front(seq)
 
@@ -241,6 +247,8 @@ def admit(sched: Scheduler, out: SchedulerOutput, budget: int) -> int:
     policy = sched.policy
     gate = policy.has_admission_gate
     track = sched.tracks_running
+    cache = sched.prefix_cache
+    hit: list[int] = []
     full_sequence_gate = sched.full_sequence_gate
     # nano-vllm/seq-limit-per-step: max_num_seqs counts this step's admissions only.
     room = config.max_num_seqs - (0 if sched.prefill_first else len(running))
@@ -248,16 +256,21 @@ def admit(sched: Scheduler, out: SchedulerOutput, budget: int) -> int:
         if out.num_admitted >= room or budget == 0:
             break
         seq = waiting.peek()
-        n = seq.num_tokens
+        if cache is not None:
+            hit = cache.lookup(seq)  # PC3
+        start = len(hit) * bs
+        n = seq.num_tokens - start
         samples = True
         if n > budget:
             if not config.enable_chunked_prefill:
                 break
             n = budget
             samples = False
-        num_blocks = cdiv(n, bs)
+        num_blocks = cdiv(start + n, bs) - len(hit)
         free = gpu.num_free_blocks
-        if num_blocks > free:
+        # PC4: a hit on a free block takes it from the free queue too.
+        taken = num_blocks if cache is None else num_blocks + cache.num_evictable(hit)
+        if taken > free:
             break
         # vllm-v1/full-sequence-admission: blocks for all its tokens must be free.
         if full_sequence_gate and cdiv(seq.num_tokens, bs) > free:
@@ -265,7 +278,17 @@ def admit(sched: Scheduler, out: SchedulerOutput, budget: int) -> int:
         if gate and not policy.can_admit(seq, n, running=running, num_free_blocks=free):
             break
         waiting.pop()
-        gpu.grow(seq.block_table, num_blocks)
+        if cache is None:
+            gpu.grow(seq.block_table, num_blocks)
+        else:  # PC4: touch the hit before taking new blocks (PC5), then key them (PC2)
+            table = seq.block_table
+            cache.touch(table, hit)
+            cache.grow(table, len(hit) + num_blocks)
+            seq.num_computed = start
+            sched.num_cached_tokens += start
+            cache.cache_blocks(seq, start, start + n)
+            out.num_queried_tokens += seq.num_tokens
+            out.num_hit_tokens += start
         seq.status = _RUNNING
         running.append(seq)
         if track:

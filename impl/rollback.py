@@ -38,6 +38,7 @@ def rollback(sched: Scheduler, out: SchedulerOutput) -> None:
         if sched.tracks_running:
             sched.policy.on_leave(seq)
         gpu.shrink(seq.block_table, 0)
+        seq.num_computed = 0  # admitted after a prefix-cache hit, it started past 0
         seq.status = _WAITING
         sched.waiting.unpop(seq)
     out.num_admitted = 0
@@ -76,6 +77,8 @@ def rollback(sched: Scheduler, out: SchedulerOutput) -> None:
     out.swap_in.clear()
     out.num_samples = 0
     sched.num_cached_tokens = out.num_cached_tokens_before
+    if sched.prefix_cache is not None:
+        sched.prefix_cache.undo()  # the pool: free queue order, reference counts, keys
 
 
 def unpreempt(sched: Scheduler, record: PreemptionRecord) -> None:

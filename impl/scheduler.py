@@ -30,12 +30,14 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 from collections.abc import Sequence as SequenceABC
+from dataclasses import replace
 
 from impl import phases
 from impl.block_manager import BlockManager, cdiv
 from impl.invariants import check_invariants
 from impl.plan import make_plan
 from impl.policies import Policy, make_policy
+from impl.prefix_cache import PrefixCachingBlockManager
 from impl.queues import WaitingQueue
 from impl.rollback import rollback
 from impl.scheduler_output import SchedulerOutput
@@ -47,6 +49,7 @@ from spec.types import (
     FinishReason,
     InvalidMaxTokensError,
     PreemptionMode,
+    PrefixCacheState,
     Request,
     RequestTooLargeError,
     SampledTokensError,
@@ -102,7 +105,14 @@ class Scheduler:
         self.vocab_size = vocab_size
         self.enable_preemption = enable_preemption
         self.block_size = config.block_size
-        self.gpu = BlockManager(config.num_gpu_blocks)
+        # PC1-PC9: with prefix caching the GPU pool shares blocks by reference count.
+        self.prefix_cache: PrefixCachingBlockManager | None = None
+        self.gpu: BlockManager | PrefixCachingBlockManager
+        if config.enable_prefix_caching:
+            self.prefix_cache = PrefixCachingBlockManager(config.num_gpu_blocks, config.block_size)
+            self.gpu = self.prefix_cache
+        else:
+            self.gpu = BlockManager(config.num_gpu_blocks)
         self.cpu = BlockManager(config.num_cpu_blocks)
         self.waiting: WaitingQueue = self.policy.new_waiting_queue()
         self.running: list[Sequence] = []
@@ -235,6 +245,8 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         """Phases A-C of one step (R5-R8); on any error the partial work is undone."""
         out = SchedulerOutput(self.num_steps, self.num_cached_tokens)
+        if self.prefix_cache is not None:
+            self.prefix_cache.begin()
         budget = self.config.max_num_batched_tokens
         try:
             if self.prefill_first:
@@ -269,7 +281,10 @@ class Scheduler:
         ``sampled_token_ids`` holds one token per sampling chunk, in plan order.
         Returns the finished requests in plan order; ``num_steps`` goes up by one.
         """
-        return phases.commit(self, out, sampled_token_ids)
+        finished = phases.commit(self, out, sampled_token_ids)
+        if self.prefix_cache is not None:
+            self.prefix_cache.end()
+        return finished
 
     def rollback(self, out: SchedulerOutput) -> None:
         """Undo ``schedule()`` exactly (``impl/rollback.py``); only before ``commit``."""
@@ -299,15 +314,27 @@ class Scheduler:
 
     def observe(self) -> SchedulerState:
         """The state projected onto ``spec.types.SchedulerState`` (compare with ``==``)."""
+        cache = self.prefix_cache
+        running = tuple(seq.to_state() for seq in self.running)
+        if cache is not None:  # PC1: the spec sees each running request's block ids
+            running = tuple(
+                replace(state, block_ids=tuple(seq.block_table))
+                for state, seq in zip(running, self.running, strict=True)
+            )
         return SchedulerState(
             config=self.config,
             num_free_gpu_blocks=self.gpu.num_free_blocks,
             num_free_cpu_blocks=self.cpu.num_free_blocks,
             waiting=tuple(seq.to_state() for seq in self.waiting.stored()),
-            running=tuple(seq.to_state() for seq in self.running),
+            running=running,
             swapped=tuple(seq.to_state() for seq in self.swapped),
             next_arrival=self.next_arrival,
             num_steps=self.num_steps,
+            prefix_cache=None
+            if cache is None
+            else PrefixCacheState(
+                free_queue=tuple(cache.free_queue()), cached=tuple(cache.cached())
+            ),
         )
 
     def check_invariants(self) -> None:

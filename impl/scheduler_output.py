@@ -68,6 +68,8 @@ class SchedulerOutput:
         "num_admitted",
         "num_batched_tokens",
         "num_cached_tokens_before",
+        "num_hit_tokens",
+        "num_queried_tokens",
         "num_recomputed_tokens",
         "num_samples",
         "num_scheduled",
@@ -97,6 +99,9 @@ class SchedulerOutput:
         self.swap_in: list[tuple[int, int]] = []
         self.num_cached_tokens_before = num_cached_tokens
         self.num_recomputed_tokens = 0  # set by commit
+        # Prefix caching: the admitted requests' tokens looked up, and those hit (PC3).
+        self.num_queried_tokens = 0
+        self.num_hit_tokens = 0
         # The plan's columns that commit() alone knows, filled by it: each chunk's start
         # (its request's computed count before the step) and the sampling requests' ids.
         self.starts: list[int] = []

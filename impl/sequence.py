@@ -9,8 +9,12 @@ loop touches each request with a handful of attribute loads and stores.
 from __future__ import annotations
 
 import enum
+from typing import TYPE_CHECKING
 
 from spec.types import FinishedRequest, FinishReason, Request, RequestState
+
+if TYPE_CHECKING:
+    from impl.prefix_cache import Node
 
 
 class SequenceStatus(enum.Enum):
@@ -34,6 +38,8 @@ class Sequence:
 
     __slots__ = (
         "arrival",
+        "block_hashes",
+        "block_nodes",
         "block_table",
         "cpu_block_table",
         "eos_token_id",
@@ -76,6 +82,9 @@ class Sequence:
         self.recomputed_until = 0
         self.block_table: list[int] = []
         self.cpu_block_table: list[int] = []
+        # Prefix caching: the chained hashes (and key chains) of its full blocks, memoized.
+        self.block_hashes: list[int] = []
+        self.block_nodes: list[Node] = []
         self.status = SequenceStatus.WAITING
         # Stored position in the waiting queue for policies that keep a heap.
         self.queue_key = 0

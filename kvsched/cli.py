@@ -119,6 +119,21 @@ def _add_workload_parser(sub: argparse._SubParsersAction[OneLineParser]) -> None
     )
     p.add_argument("--vocab-size", type=argtypes.int_at_least(2), default=256, metavar="V")
     p.add_argument(
+        "--shared-prefix",
+        type=argtypes.non_negative_int,
+        default=0,
+        metavar="LEN",
+        help="every prompt starts with a system prompt of LEN tokens, then its own "
+        "--prompt-len tokens (default 0: no shared prefix)",
+    )
+    p.add_argument(
+        "--num-system-prompts",
+        type=argtypes.positive_int,
+        default=1,
+        metavar="N",
+        help="distinct system prompts for --shared-prefix, request i gets i mod N (default 1)",
+    )
+    p.add_argument(
         "--priority",
         type=argtypes.distribution(-(2**31)),
         default="0",
@@ -245,10 +260,17 @@ def cmd_workload(args: argparse.Namespace) -> int:
         raise CLIInputError(
             f"--num-requests {args.num_requests}: at most {MAX_GENERATED_REQUESTS:,} requests"
         )
-    if args.num_requests * args.prompt_len.high > MAX_GENERATED_PROMPT_TOKENS:
+    longest = args.prompt_len.high + args.shared_prefix
+    if args.num_requests * longest > MAX_GENERATED_PROMPT_TOKENS:
         raise CLIInputError(
-            f"--num-requests {args.num_requests} with --prompt-len up to "
-            f"{args.prompt_len.high}: more than {MAX_GENERATED_PROMPT_TOKENS:,} prompt tokens"
+            f"--num-requests {args.num_requests} with prompts up to {longest} tokens "
+            f"(--prompt-len and --shared-prefix): more than {MAX_GENERATED_PROMPT_TOKENS:,} "
+            "prompt tokens"
+        )
+    if args.shared_prefix * args.num_system_prompts > MAX_GENERATED_PROMPT_TOKENS:
+        raise CLIInputError(
+            f"--shared-prefix {args.shared_prefix} x --num-system-prompts "
+            f"{args.num_system_prompts}: more than {MAX_GENERATED_PROMPT_TOKENS:,} tokens"
         )
     if args.arrival_spread > MAX_ARRIVAL_STEP:
         raise CLIInputError(
@@ -268,6 +290,8 @@ def cmd_workload(args: argparse.Namespace) -> int:
         eos_token_id=args.eos_token_id,
         ignore_eos=args.ignore_eos,
         temperature=args.temperature,
+        shared_prefix=args.shared_prefix,
+        num_system_prompts=args.num_system_prompts,
     )
     n = args.num_requests
     # Drawing, then writing: a million requests take about half a minute.

@@ -92,6 +92,13 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
         "every swap falls back to recompute)",
     )
     g.add_argument(
+        "--enable-prefix-caching",
+        action=argparse.BooleanOptionalAction,
+        default=_DEFAULTS["enable_prefix_caching"],
+        help="share the KV blocks of equal token prefixes between requests (default off; "
+        "not with --preemption-mode swap)",
+    )
+    g.add_argument(
         "--policy",
         choices=sorted(POLICIES),
         default=_DEFAULTS["policy"],
@@ -158,6 +165,7 @@ def scheduler_config(
         preemption_mode=PreemptionMode(args.preemption_mode),
         num_cpu_blocks=args.num_cpu_blocks,
         policy=args.policy,
+        enable_prefix_caching=args.enable_prefix_caching,
         semantics=semantics,
         max_model_len=args.max_model_len,
     )

@@ -5,7 +5,10 @@
     {"requests": [{"id", "line", "output", "finish_reason", "num_preemptions", "error"}, ...],
      "metrics": {"steps", "preemptions", "swap_out_blocks", "swap_in_blocks",
                  "recomputed_tokens", "peak_gpu_blocks_used", "num_gpu_blocks",
-                 "kv_utilization", "tokens_per_s"}}
+                 "kv_utilization", "tokens_per_s",
+                 "prefix_cache": {"queries", "hits", "hit_rate", "reclaimed_blocks"}}}
+
+``metrics.prefix_cache`` is there only with ``--enable-prefix-caching``.
 
 Requests are in workload order; ``line`` is the request's line in the workload file
 (two requests may share an id once the first has finished), ``error`` the refusal of
@@ -35,6 +38,14 @@ METRIC_KEYS = (
 def to_document(result: RunResult) -> dict[str, object]:
     m = result.metrics
     metrics: dict[str, object] = {key: getattr(m, key) for key in METRIC_KEYS}
+    if m.prefix_cache is not None:
+        pc = m.prefix_cache
+        metrics["prefix_cache"] = {
+            "queries": pc.queries,
+            "hits": pc.hits,
+            "hit_rate": pc.hit_rate,
+            "reclaimed_blocks": pc.reclaimed_blocks,
+        }
     return {
         "requests": [
             {

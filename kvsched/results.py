@@ -36,6 +36,20 @@ class StepSample:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class PrefixCacheMetrics:
+    """Prefix caching's counters (``--enable-prefix-caching`` only): tokens of admitted
+    requests looked up, those found cached, and cached blocks reclaimed."""
+
+    queries: int = 0
+    hits: int = 0
+    reclaimed_blocks: int = 0
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hits / self.queries if self.queries else 0.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RunMetrics:
     """The ``metrics`` object of the ``--json`` document (plus a few extras)."""
 
@@ -50,6 +64,7 @@ class RunMetrics:
     tokens_per_s: float
     preemptions_by_mode: dict[str, int] = field(default_factory=dict)
     tokens_sampled: int = 0  # every sampled token, including ones a restart discarded
+    prefix_cache: PrefixCacheMetrics | None = None  # None: prefix caching off
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 
 from kvsched.drive import Drive, StepCallback, drive
 from kvsched.engine_protocol import Engine
-from kvsched.results import RequestOutcome, RunMetrics, RunResult
+from kvsched.results import PrefixCacheMetrics, RequestOutcome, RunMetrics, RunResult
 from kvsched.workload import WorkloadRequest
 from spec.types import SchedulerConfig
 
@@ -45,6 +45,13 @@ def metrics_of(engine: Engine, d: Drive, config: SchedulerConfig) -> RunMetrics:
         tokens_per_s=m.tokens_per_s,
         preemptions_by_mode=dict(d.preemptions_by_mode),
         tokens_sampled=d.tokens_sampled,
+        prefix_cache=PrefixCacheMetrics(
+            queries=m.prefix_cache_queries,
+            hits=m.prefix_cache_hits,
+            reclaimed_blocks=m.reclaimed_cached_blocks,
+        )
+        if config.enable_prefix_caching
+        else None,
     )
 
 
@@ -135,4 +142,16 @@ def _sum_metrics(runs: Sequence[RunMetrics]) -> RunMetrics:
         tokens_per_s=tokens / elapsed if elapsed > 0 else 0.0,
         preemptions_by_mode=dict(by_mode),
         tokens_sampled=tokens,
+        prefix_cache=_sum_prefix_cache(runs),
+    )
+
+
+def _sum_prefix_cache(runs: Sequence[RunMetrics]) -> PrefixCacheMetrics | None:
+    caches = [m.prefix_cache for m in runs if m.prefix_cache is not None]
+    if not caches:
+        return None
+    return PrefixCacheMetrics(
+        queries=sum(c.queries for c in caches),
+        hits=sum(c.hits for c in caches),
+        reclaimed_blocks=sum(c.reclaimed_blocks for c in caches),
     )

@@ -28,6 +28,12 @@ def render_summary(result: RunResult, *, title: str = "run") -> str:
         f"KV cache: peak {m.peak_gpu_blocks_used} of {m.num_gpu_blocks} GPU blocks"
         + f", utilization {m.kv_utilization:.1%}; {m.tokens_per_s:.1f} tokens/s",
     ]
+    if m.prefix_cache is not None:
+        pc = m.prefix_cache
+        lines.append(
+            f"prefix cache: hit rate {pc.hit_rate:.1%} ({pc.hits} of {pc.queries} tokens)"
+            + f"; reclaimed cached blocks: {pc.reclaimed_blocks}"
+        )
     bad = [o for o in outcomes if o.finish_reason == REJECTED]
     if bad:
         lines.append("rejected:")

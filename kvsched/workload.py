@@ -262,6 +262,10 @@ class GeneratorSettings:
     eos_token_id: int | None = None
     ignore_eos: bool = False
     temperature: float = 0.0
+    # Shared prefixes (for prefix caching): every prompt starts with one of
+    # ``num_system_prompts`` system prompts of ``shared_prefix`` tokens (0: none).
+    shared_prefix: int = 0
+    num_system_prompts: int = 1
 
 
 def generate_workload(
@@ -270,14 +274,24 @@ def generate_workload(
     """A random workload, a pure function of the settings (and so of the seed).
 
     Prompt tokens are uniform over ``1 .. vocab_size - 1`` (0 is left out, as the
-    seed tutorial does). Arrival steps are uniform over ``0 .. arrival_spread`` and
-    the requests are listed in arrival order (ties keep their drawing order).
+    seed tutorial does). With ``shared_prefix``, each prompt is a system prompt
+    followed by its own ``prompt_len`` tokens. Arrival steps are uniform over
+    ``0 .. arrival_spread`` and the requests are listed in arrival order (ties keep
+    their drawing order).
     """
     rng = random.Random(s.seed)
+    # Drawn from their own generator, so the rest of the workload is the same with or
+    # without them; request i gets system prompt i mod num_system_prompts.
+    system_rng = random.Random(f"system-prompts-{s.seed}")
+    system_prompts = [
+        tuple(system_rng.randint(1, s.vocab_size - 1) for _ in range(s.shared_prefix))
+        for _ in range(s.num_system_prompts if s.shared_prefix else 0)
+    ]
     drawn: list[WorkloadRequest] = []
     for i in range(s.num_requests):
         n = s.prompt_len.sample(rng)
-        prompt = tuple(rng.randint(1, s.vocab_size - 1) for _ in range(n))
+        own = tuple(rng.randint(1, s.vocab_size - 1) for _ in range(n))
+        prompt = (*system_prompts[i % len(system_prompts)], *own) if system_prompts else own
         params = SamplingParams(
             max_tokens=s.max_tokens.sample(rng),
             eos_token_id=s.eos_token_id,

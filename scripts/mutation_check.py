@@ -54,6 +54,10 @@ COPIED = (
 
 MACHINE_TESTS = {
     "scheduler": "tests/stateful/test_scheduler_differential.py::test_scheduler_differential",
+    "prefix-scheduler": (
+        "tests/stateful/test_prefix_differential.py::test_prefix_scheduler_differential"
+    ),
+    "prefix-engine": "tests/stateful/test_prefix_differential.py::test_prefix_engine_differential",
     "engine": "tests/stateful/test_engine_differential.py::test_engine_differential",
 }
 
@@ -87,6 +91,8 @@ def mutant(
 SCHED = "impl/scheduler.py"
 PHASES = "impl/phases.py"
 POLICIES = "impl/policies.py"
+PREFIX = "impl/prefix_cache.py"
+PREFIX_MACHINES = ("prefix-scheduler", "prefix-engine")
 
 MUTANTS: tuple[Mutant, ...] = (
     # --- the eight of the issue --------------------------------------------------------
@@ -221,6 +227,73 @@ MUTANTS: tuple[Mutant, ...] = (
         "a failed forward is rolled back without restoring the victims' reused GPU blocks",
         ("impl/engine.py", "cache_engine.restore(protected, saved)", "pass"),
         machines=("engine",),
+    ),
+    # --- prefix caching (PC1-PC9), on the machines with caching on --------------------------
+    mutant(
+        "prefix-stale-key",
+        "a reclaimed cached block keeps its key: a later hit reads other content",
+        (
+            PREFIX,
+            "            self._drop_key(block)\n            self._add_ref(block, 1)\n"
+            "            table.append(block)",
+            "            self._add_ref(block, 1)\n            table.append(block)",
+        ),
+        machines=PREFIX_MACHINES,
+    ),
+    mutant(
+        "prefix-full-hit-schedules-nothing",
+        "the hit is not capped at num_tokens - 1: a fully cached prompt has no token to run",
+        (PREFIX, "range((seq.num_tokens - 1) // bs)", "range(seq.num_tokens // bs)"),
+        machines=PREFIX_MACHINES,
+    ),
+    mutant(
+        "prefix-entry-dropped-after-hit",
+        "a hit on a free cached block drops its key: the entry serves one hit only",
+        (
+            PREFIX,
+            "                self._unlink(block)\n            self._add_ref(block, 1)",
+            "                self._unlink(block)\n                self._drop_key(block)\n"
+            "            self._add_ref(block, 1)",
+        ),
+        machines=PREFIX_MACHINES,
+    ),
+    mutant(
+        "prefix-resumed-over-schedules",
+        "a preempted request that hits still schedules its whole num_tokens (past its end)",
+        (
+            PHASES,
+            "        n = seq.num_tokens - start\n",
+            "        n = seq.num_tokens - (0 if seq.num_preemptions else start)\n",
+        ),
+        machines=PREFIX_MACHINES,
+    ),
+    mutant(
+        "prefix-reclaim-between-lookup-and-use",
+        "new blocks are taken before the hit is touched: a free hit block can be reclaimed",
+        (
+            PHASES,
+            "            cache.touch(table, hit)\n"
+            "            cache.grow(table, len(hit) + num_blocks)\n",
+            "            new: list[int] = []\n            cache.grow(new, num_blocks)\n"
+            "            cache.touch(table, hit)\n            table.extend(new)\n",
+        ),
+        machines=PREFIX_MACHINES,
+    ),
+    mutant(
+        "prefix-free-in-table-order",
+        "freed blocks join the free queue in table order: a request's first blocks go first",
+        (PREFIX, "        for block in reversed(table):\n", "        for block in table:\n"),
+        machines=PREFIX_MACHINES,
+    ),
+    mutant(
+        "prefix-rollback-skips-cached-kv",
+        "a failed forward is rolled back without restoring the K/V of reclaimed cached blocks",
+        (
+            "impl/engine.py",
+            "reclaimed = [] if cache is None else cache.reclaimed_blocks()",
+            "reclaimed: list[int] = []",
+        ),
+        machines=("prefix-engine",),
     ),
 )
 
@@ -387,8 +460,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("-k", dest="select", action="append", default=[], help="name filter")
     parser.add_argument(
         "--machines",
-        default="scheduler,engine",
-        help="comma-separated, in order: scheduler,engine (default both, engine if needed)",
+        default="scheduler,engine,prefix-scheduler,prefix-engine",
+        help=(
+            "comma-separated, in order (default all; each mutant runs on the machines that "
+            "run its code, the engine ones only if the fast one misses it)"
+        ),
     )
     parser.add_argument("--all-machines", action="store_true", help="run every machine")
     parser.add_argument("--regressions", action="store_true", help="also run tests/regressions")

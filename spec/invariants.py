@@ -18,6 +18,7 @@ from collections.abc import Iterable
 
 from spec.kv import blocks_held
 from spec.policies import is_registered
+from spec.prefix_cache import pool_violations
 from spec.profiles import (
     decode_unbudgeted,
     length_capped,
@@ -60,7 +61,10 @@ def _kv_violations(state: SchedulerState) -> list[str]:
     config = state.config
     bs = config.block_size
     found: list[str] = []
-    gpu_owned = sum(blocks_held(max(r.num_computed_tokens, 0), bs) for r in state.running)
+    if state.prefix_cache is None:
+        gpu_owned = sum(blocks_held(max(r.num_computed_tokens, 0), bs) for r in state.running)
+    else:  # PC1: a shared block is counted once
+        gpu_owned = len({b for r in state.running for b in r.block_ids})
     cpu_owned = sum(blocks_held(max(r.num_computed_tokens, 0), bs) for r in state.swapped)
     pools = (
         ("GPU", state.num_free_gpu_blocks, gpu_owned, config.num_gpu_blocks),
@@ -131,6 +135,33 @@ def _request_violations(state: SchedulerState, queue: str, request: RequestState
     return found
 
 
+def _prefix_cache_violations(
+    state: SchedulerState, extra_tokens: dict[str, int] | None = None
+) -> list[str]:
+    """PC1, PC9: the pool is there exactly when caching is on, and it is consistent."""
+    config = state.config
+    cache = state.prefix_cache
+    if cache is None:
+        found = [] if not config.enable_prefix_caching else ["PC1: caching is on but no pool"]
+        if any(r.block_ids for r in (*state.waiting, *state.running, *state.swapped)):
+            found.append("PC1: block ids kept with prefix caching off")
+        return found
+    if not config.enable_prefix_caching:
+        return ["PC1: a block pool with prefix caching off"]
+    found = pool_violations(
+        cache, state.running, config.num_gpu_blocks, config.block_size, extra_tokens=extra_tokens
+    )
+    if len(cache.free_queue) != state.num_free_gpu_blocks:
+        found.append(
+            f"PC1: num_free_gpu_blocks {state.num_free_gpu_blocks} != free queue length "
+            f"{len(cache.free_queue)}"
+        )
+    for r in (*state.waiting, *state.swapped):
+        if r.block_ids:
+            found.append(f"PC1: {r.request_id!r} holds GPU blocks but is not running")
+    return found
+
+
 def state_violations(state: SchedulerState) -> tuple[str, ...]:
     """Every rule a state between steps breaks, one line each; empty when valid.
 
@@ -149,7 +180,12 @@ def state_violations(state: SchedulerState) -> tuple[str, ...]:
       rule and never be served;
     - R10: a live request has fewer than ``max_tokens`` outputs and no EOS among them
       (unless ``ignore_eos``): otherwise it would have finished;
-    - R9: the configured policy is registered; counters are not negative.
+    - R9: the configured policy is registered; counters are not negative;
+    - PC1, PC9 (prefix caching on): free queue and blocks in use partition the pool
+      (shared blocks counted once), ``num_free_gpu_blocks`` is the free queue's
+      length, each running request holds ``cdiv(computed, bs)`` distinct blocks, every
+      key of a held block is its holder's computed prefix at that block, a shared block
+      has a key; with caching off there is no pool and no block id.
 
     post: isinstance(__return__, tuple)
     """
@@ -165,6 +201,7 @@ def state_violations(state: SchedulerState) -> tuple[str, ...]:
     arrivals = [r.request.arrival for r in (*state.waiting, *state.running, *state.swapped)]
     for arrival in _duplicates(arrivals):
         found.append(f"R4: arrival {arrival} is shared by more than one request")
+    found.extend(_prefix_cache_violations(state))
     if not is_registered(state.config.policy):
         found.append(f"R9: policy {state.config.policy!r} is not registered")
     if state.num_steps < 0 or state.next_arrival < 0:
@@ -194,10 +231,15 @@ def kv_conserved_mid_step(state_mid: SchedulerState, scheduled: tuple[ScheduledC
     running_ids = {r.request_id for r in state_mid.running}
     if len(chunk_of) != len(scheduled) or not chunk_of.keys() <= running_ids:
         return False
-    gpu_owned = sum(
-        blocks_held(max(r.num_computed_tokens + chunk_of.get(r.request_id, 0), 0), bs)
-        for r in state_mid.running
-    )
+    if state_mid.prefix_cache is None:
+        gpu_owned = sum(
+            blocks_held(max(r.num_computed_tokens + chunk_of.get(r.request_id, 0), 0), bs)
+            for r in state_mid.running
+        )
+    elif _prefix_cache_violations(state_mid, chunk_of):
+        return False
+    else:
+        gpu_owned = len({b for r in state_mid.running for b in r.block_ids})
     cpu_owned = sum(blocks_held(max(r.num_computed_tokens, 0), bs) for r in state_mid.swapped)
     return (
         state_mid.num_free_gpu_blocks >= 0
@@ -278,7 +320,13 @@ def _chunk_violations(before: SchedulerState, plan: StepPlan) -> list[str]:
         request = old[rid][1]
         if chunk.num_tokens < 1:
             found.append(f"R5: chunk of {rid!r} has {chunk.num_tokens} tokens < 1")
-        if chunk.start != request.num_computed_tokens:
+        hit_ok = (
+            before.prefix_cache is not None
+            and old[rid][0] == "waiting"
+            and chunk.start % config.block_size == 0
+            and 0 <= chunk.start < request.num_tokens
+        )
+        if chunk.start != request.num_computed_tokens and not hit_ok:  # PC3: after a hit
             found.append(
                 f"R5: chunk of {rid!r} starts at {chunk.start}, not at its computed "
                 f"{request.num_computed_tokens}"
@@ -439,8 +487,8 @@ def _expected_progress(
             outputs = ()
         return outputs, 0, prev.num_preemptions + 1
     computed = prev.num_computed_tokens
-    if chunk is not None:
-        computed += chunk.num_tokens
+    if chunk is not None:  # from the chunk's start: an admission may begin after a hit (PC4)
+        computed = chunk.start + chunk.num_tokens
     if token is not None:
         outputs = (*outputs, token)
     return outputs, computed, prev.num_preemptions

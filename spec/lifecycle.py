@@ -15,6 +15,7 @@ from typing import Literal
 from spec.invariants import check_state  # noqa: F401  (used by the PEP 316 contracts)
 from spec.kv import blocks_held
 from spec.policies import get_policy
+from spec.prefix_cache import holders, release
 from spec.profiles import model_len, too_large
 from spec.types import (
     ConfigError,  # noqa: F401  (named by a contract's raises:)
@@ -23,6 +24,7 @@ from spec.types import (
     FinishedRequest,
     FinishReason,
     InvalidMaxTokensError,
+    PrefixCacheState,
     Request,
     RequestState,
     RequestTooLargeError,
@@ -51,6 +53,10 @@ def init_state(config: SchedulerConfig) -> SchedulerState:
         config=config,
         num_free_gpu_blocks=config.num_gpu_blocks,
         num_free_cpu_blocks=config.num_cpu_blocks,
+        # PC1: every block free, in id order (vLLM's initial free queue), none keyed.
+        prefix_cache=PrefixCacheState(free_queue=tuple(range(config.num_gpu_blocks)))
+        if config.enable_prefix_caching
+        else None,
     )
 
 
@@ -224,13 +230,14 @@ def abort_request(state: SchedulerState, request_id: str) -> tuple[SchedulerStat
     """Abort a live request, wherever it is (R11).
 
     It leaves its queue; a running request frees its GPU blocks, a swapped one its CPU
-    blocks, a waiting one holds none. It is returned as ``FinishedRequest(outputs so
+    blocks (with prefix caching, those no other request holds, PC6), a waiting one
+    holds none. It is returned as ``FinishedRequest(outputs so
     far, reason aborted, num_preemptions)`` (R3: reported once, here). An id that is
     not live raises ``UnknownRequestError`` and changes nothing.
 
     pre: check_state(state)
     post: check_state(__return__[0])
-    post: (__return__[0].num_free_gpu_blocks, __return__[0].num_free_cpu_blocks) == (state.num_free_gpu_blocks + blocks_owned(state, request_id)[0], state.num_free_cpu_blocks + blocks_owned(state, request_id)[1])
+    post: state.prefix_cache is not None or (__return__[0].num_free_gpu_blocks, __return__[0].num_free_cpu_blocks) == (state.num_free_gpu_blocks + blocks_owned(state, request_id)[0], state.num_free_cpu_blocks + blocks_owned(state, request_id)[1])
     post: live_request_ids(__return__[0]) == tuple(rid for rid in live_request_ids(state) if rid != request_id) and (__return__[1].request_id, __return__[1].finish_reason) == (request_id, FinishReason.ABORTED)
     raises: UnknownRequestError
     """  # noqa: E501
@@ -244,10 +251,16 @@ def abort_request(state: SchedulerState, request_id: str) -> tuple[SchedulerStat
         new_state = replace(state, waiting=_without(state.waiting, index))
     elif queue == "running":
         request = state.running[index]
+        running = _without(state.running, index)
+        cache = state.prefix_cache
+        if cache is not None:  # PC6: blocks shared with another request stay in use
+            cache = release(cache, request.block_ids, holders(running))
+            gpu = len(cache.free_queue) - state.num_free_gpu_blocks
         new_state = replace(
             state,
-            running=_without(state.running, index),
+            running=running,
             num_free_gpu_blocks=state.num_free_gpu_blocks + gpu,
+            prefix_cache=cache,
         )
     else:
         request = state.swapped[index]

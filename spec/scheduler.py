@@ -31,6 +31,16 @@ from spec.invariants import (  # noqa: F401  (used by the PEP 316 contracts)
 )
 from spec.kv import blocks_held, blocks_needed, cdiv, chunk_for_prefill
 from spec.policies import Policy, always_admit, get_policy, priority_victim, select_victim
+from spec.prefix_cache import (
+    give_keys,
+    holders,
+    longest_hit,
+    num_evictable,
+    release,
+    request_tokens,
+    take,
+    touch,
+)
 from spec.profiles import (
     decode_unbudgeted,
     full_sequence_fits,
@@ -46,6 +56,7 @@ from spec.types import (
     FinishReason,
     Preemption,
     PreemptionMode,
+    PrefixCacheState,
     RequestState,
     SampledTokensError,
     SamplingParams,
@@ -279,6 +290,7 @@ def schedule_running(draft: StepDraft) -> StepDraft:
     config = state.config
     policy = get_policy(config.policy)
     bs = config.block_size
+    cache = state.prefix_cache
     unbudgeted = decode_unbudgeted(config)
     running = list(state.running)
     chunks: list[ScheduledChunk] = []
@@ -312,8 +324,13 @@ def schedule_running(draft: StepDraft) -> StepDraft:
                 budget += chunk.num_tokens
                 held += chunk.num_tokens
                 i -= 1
-            free += blocks_held(held, bs)
             after, mode = preempt(victim, config, free_cpu)
+            if cache is None:
+                free += blocks_held(held, bs)
+            else:  # PC6, PC7: shared blocks stay with their other holders
+                cache = release(cache, victim.block_ids, holders(tuple(running)))
+                free = len(cache.free_queue)
+                after = replace(after, block_ids=())
             preempted.append(Preemption(request_id=victim.request_id, mode=mode))
             if mode is PreemptionMode.SWAP:
                 free_cpu -= blocks_held(after.num_computed_tokens, bs)
@@ -330,8 +347,13 @@ def schedule_running(draft: StepDraft) -> StepDraft:
             if not unbudgeted:
                 budget -= n
             free -= need
+            if cache is not None:  # PC8, PC5, PC2
+                cache, new = take(cache, need)
+                block_ids = (*request.block_ids, *new)
+                cache = give_keys(cache, request_tokens(request), block_ids, computed + n, bs)
+                running[i] = replace(request, block_ids=block_ids)
             i += 1
-    if not preempted:
+    if not preempted and cache is None:
         new_state = replace(state, num_free_gpu_blocks=free)
     else:
         new_state = replace(
@@ -341,6 +363,7 @@ def schedule_running(draft: StepDraft) -> StepDraft:
             swapped=(*state.swapped, *to_swapped),
             num_free_gpu_blocks=free,
             num_free_cpu_blocks=free_cpu,
+            prefix_cache=cache,
         )
     return replace(
         draft,
@@ -440,6 +463,10 @@ def admit_waiting(draft: StepDraft) -> StepDraft:
     4. else it leaves ``waiting``, goes to the tail of ``running``, and chunk (r, n) is
        scheduled (a preempted request re-prefills prompt + kept outputs).
 
+    With prefix caching on, the chunk starts after the request's cache hit ``h``
+    (PC3, PC4): ``n`` is taken from ``num_tokens - h``, step 3 counts the new blocks
+    plus the hit blocks that are free, and the request's computed count becomes ``h``.
+
     ``waiting`` keeps its stored order, minus the admitted requests. The gate sees the
     mid-step state with the requests admitted before it in this step. Its input is a
     mid-step value, as for ``swap_in_requests``.
@@ -455,39 +482,54 @@ def admit_waiting(draft: StepDraft) -> StepDraft:
     config = state.config
     policy = get_policy(config.policy)
     bs = config.block_size
+    cache = state.prefix_cache
     free = state.num_free_gpu_blocks
     budget = draft.budget
     running = list(state.running)
     admitted: set[str] = set()
     chunks: list[ScheduledChunk] = []
     seats = config.max_num_seqs - (len(running) if running_capped(config) else 0)
-    for request in policy.order_waiting(state.waiting):
+    for candidate in policy.order_waiting(state.waiting):
+        request = candidate
         if len(chunks) >= seats or budget == 0:
             break
-        n = chunk_for_prefill(request.num_tokens, budget, config.enable_chunked_prefill)
+        tokens = request_tokens(request)
+        hit = () if cache is None else longest_hit(cache, tokens, bs)  # PC3
+        start = len(hit) * bs
+        n = chunk_for_prefill(request.num_tokens - start, budget, config.enable_chunked_prefill)
         if n > budget:
             break
-        gpu_blocks = cdiv(n, bs)
-        if gpu_blocks > free or not full_sequence_fits(config, request, free):
+        gpu_blocks = cdiv(start + n, bs) - len(hit)
+        taken = gpu_blocks if cache is None else gpu_blocks + num_evictable(cache, hit)  # PC4
+        if taken > free or not full_sequence_fits(config, request, free):
             break
         # The default gate never refuses; skip building the view it would ignore.
         if policy.can_admit is not always_admit and not policy.can_admit(
-            _admission_view(state, running, admitted, free), request, n
+            _admission_view(state, running, admitted, free, cache), request, n
         ):
             break
-        free -= gpu_blocks
+        free -= taken
         budget -= n
+        if cache is not None:  # PC4: touch the hit before taking new blocks (PC5), PC2
+            cache, new = take(touch(cache, hit), gpu_blocks)
+            block_ids = (*hit, *new)
+            cache = give_keys(cache, tokens, block_ids, start + n, bs)
+            request = replace(candidate, num_computed_tokens=start, block_ids=block_ids)
         running.append(request)
         admitted.add(request.request_id)
-        chunks.append(ScheduledChunk(request_id=request.request_id, start=0, num_tokens=n))
+        chunks.append(ScheduledChunk(request_id=request.request_id, start=start, num_tokens=n))
     if not chunks:
         return draft
-    new_state = _admission_view(state, running, admitted, free)
+    new_state = _admission_view(state, running, admitted, free, cache)
     return replace(draft, state=new_state, budget=budget, scheduled=(*draft.scheduled, *chunks))
 
 
 def _admission_view(
-    state: SchedulerState, running: list[RequestState], admitted: set[str], free: int
+    state: SchedulerState,
+    running: list[RequestState],
+    admitted: set[str],
+    free: int,
+    cache: PrefixCacheState | None,
 ) -> SchedulerState:
     """The mid-step state after admitting ``admitted`` (now at the tail of ``running``)."""
     return replace(
@@ -495,6 +537,7 @@ def _admission_view(
         running=tuple(running),
         waiting=tuple(r for r in state.waiting if r.request_id not in admitted),
         num_free_gpu_blocks=free,
+        prefix_cache=cache,
     )
 
 
@@ -667,6 +710,7 @@ def complete_step(
                 output_token_ids=outputs,
                 num_computed_tokens=computed,
                 num_preemptions=request.num_preemptions,
+                block_ids=request.block_ids,
             )
         else:
             updated[request_id] = None
@@ -684,11 +728,21 @@ def complete_step(
     running = tuple(
         new for new in (updated.get(r.request_id, r) for r in state_mid.running) if new is not None
     )
+    cache = state_mid.prefix_cache
+    if cache is not None:
+        # PC6: finished requests give up their blocks one after the other, in plan order.
+        still_held = holders(state_mid.running)
+        for done in finished:
+            blocks = by_id[done.request_id].block_ids
+            still_held.subtract(blocks)
+            cache = release(cache, blocks, still_held)
+        freed = len(cache.free_queue) - state_mid.num_free_gpu_blocks
     new_state = replace(
         state_mid,
         running=running,
         num_free_gpu_blocks=state_mid.num_free_gpu_blocks + freed,
         num_steps=state_mid.num_steps + 1,
+        prefix_cache=cache,
     )
     return new_state, replace(
         plan,

@@ -116,6 +116,9 @@ class SchedulerConfig:
     ``num_cpu_blocks`` blocks of the same size form the swap pool. ``block_size=1``
     reproduces the seed tutorial's per-token slots. ``policy`` names a registered
     scheduling policy (``lifo`` is vLLM's and the seed's default).
+    ``enable_prefix_caching`` shares full KV blocks between requests with equal token
+    prefixes (PC1-PC9 in docs/semantics.md); it is off by default here (vLLM V1 turns
+    it on) and cannot be combined with swap preemption (vLLM V1 has no swap).
     """
 
     num_gpu_blocks: int
@@ -126,6 +129,7 @@ class SchedulerConfig:
     preemption_mode: PreemptionMode = PreemptionMode.RECOMPUTE
     num_cpu_blocks: int = 0
     policy: str = "lifo"
+    enable_prefix_caching: bool = False
     semantics: Semantics = Semantics.KVSCHED
     #: vllm-v1 only: the longest sequence (prompt + outputs). None there means the
     #: largest the profile allows: the whole GPU cache, and with chunked prefill off at
@@ -147,11 +151,20 @@ class SchedulerConfig:
             )
         if not isinstance(self.preemption_mode, PreemptionMode):
             raise ConfigError(f"unknown preemption_mode {self.preemption_mode!r}")
+        if self.enable_prefix_caching and self.preemption_mode is PreemptionMode.SWAP:
+            raise ConfigError(
+                "enable_prefix_caching needs recompute or restart preemption, not swap"
+            )
         try:  # a profile's name is accepted for the member (the CLI passes names)
             object.__setattr__(self, "semantics", Semantics(self.semantics))
         except ValueError:
             known = ", ".join(s.value for s in Semantics)
             raise ConfigError(f"unknown semantics {self.semantics!r} (known: {known})") from None
+        if self.enable_prefix_caching and self.semantics is not Semantics.KVSCHED:
+            # PC1-PC9 are the kvsched profile's; each peer's caching is compared first.
+            raise ConfigError(
+                f"enable_prefix_caching: only in the kvsched profile so far, not {self.semantics}"
+            )
         if self.semantics is Semantics.VLLM_V1:
             self._check_vllm_v1()
         else:
@@ -261,6 +274,9 @@ class RequestState:
     output_token_ids: tuple[int, ...] = ()
     num_computed_tokens: int = 0
     num_preemptions: int = 0
+    # With prefix caching on, a running request's GPU block ids in table order (PC1);
+    # always empty otherwise, when blocks are only counted.
+    block_ids: tuple[int, ...] = ()
 
     @property
     def request_id(self) -> str:
@@ -290,6 +306,26 @@ class SchedulerState:
     swapped: tuple[RequestState, ...] = ()
     next_arrival: int = 0
     num_steps: int = 0
+    prefix_cache: PrefixCacheState | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PrefixCacheState:
+    """The GPU block pool when prefix caching is on (PC1-PC9 in docs/semantics.md).
+
+    ``free_queue`` lists the free GPU blocks, head first: allocation takes from the
+    head (the least recently freed block), freed blocks join the tail (vLLM's
+    ``FreeKVCacheBlockQueue``); its length is ``num_free_gpu_blocks``. ``cached`` maps
+    block keys to blocks, as ``(key, block id)`` pairs in the order the keys were
+    given: a key is the tuple of every token id from the start of the sequence to the
+    end of its block, so equal keys mean equal token prefixes. A key may name several
+    blocks (two requests that computed the same prefix); a lookup takes the earliest.
+    A block's reference count is the number of running requests whose ``block_ids``
+    hold it; it is not stored.
+    """
+
+    free_queue: tuple[int, ...]
+    cached: tuple[tuple[tuple[int, ...], int], ...] = ()
 
 
 # --- a step's plan ---------------------------------------------------------------------

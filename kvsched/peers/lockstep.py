@@ -84,7 +84,11 @@ class Diverged(Exception):
 
 
 def _mask_request(r: RequestState, hidden: frozenset[Hidden]) -> RequestState:
-    return replace(r, num_preemptions=0) if Hidden.NUM_PREEMPTIONS in hidden else r
+    if Hidden.NUM_PREEMPTIONS in hidden:
+        r = replace(r, num_preemptions=0)
+    if Hidden.PREFIX_POOL in hidden:
+        r = replace(r, block_ids=())
+    return r
 
 
 def _mask_finished(f: FinishedRequest, hidden: frozenset[Hidden]) -> FinishedRequest:
@@ -99,6 +103,7 @@ def mask_state(state: SchedulerState, hidden: frozenset[Hidden]) -> SchedulerSta
         waiting=tuple(_mask_request(r, hidden) for r in state.waiting),
         running=tuple(_mask_request(r, hidden) for r in state.running),
         swapped=tuple(_mask_request(r, hidden) for r in state.swapped),
+        prefix_cache=None if Hidden.PREFIX_POOL in hidden else state.prefix_cache,
     )
 
 

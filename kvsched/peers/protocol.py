@@ -60,6 +60,9 @@ class Hidden(enum.StrEnum):
     """State a scheduler does not expose; lockstep compares it on neither side."""
 
     NUM_PREEMPTIONS = "num_preemptions"  # per request: nano-vllm does not count them
+    # With prefix caching: the block ids, free-queue order and keys (PC1) of a peer
+    # whose pool is not projected; its free-block count and hits are still compared.
+    PREFIX_POOL = "prefix_pool"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from kvsched.peers.protocol import (
+    Hidden,
     Observation,
     PeerFailure,
     PeerNotInstalledError,
@@ -119,6 +120,9 @@ _NAMES = {
     "Request": ("vllm.v1.request", "Request"),
     "RequestStatus": ("vllm.v1.request", "RequestStatus"),
     "StructuredOutputManager": ("vllm.v1.structured_output", "StructuredOutputManager"),
+    "get_hash_fn_by_name": ("vllm.utils.hashing", "get_hash_fn_by_name"),
+    "init_none_hash": ("vllm.v1.core.kv_cache_utils", "init_none_hash"),
+    "get_request_block_hasher": ("vllm.v1.core.kv_cache_utils", "get_request_block_hasher"),
 }
 
 
@@ -179,7 +183,9 @@ def _build(config: SchedulerConfig) -> Any:
         max_model_len=max_model_len(config),
     )
     cache_config = v["CacheConfig"](
-        block_size=config.block_size, enable_prefix_caching=False, cache_dtype="auto"
+        block_size=config.block_size,
+        enable_prefix_caching=config.enable_prefix_caching,
+        cache_dtype="auto",
     )
     vllm_config = v["VllmConfig"](
         scheduler_config=scheduler_config, model_config=model_config, cache_config=cache_config
@@ -220,6 +226,13 @@ class VllmAdapter:
         self.max_model_len = max_model_len(config)
         self.v = _import()
         self.scheduler = _build(config)
+        # With prefix caching each Request hashes its full blocks (as EngineCore sets up).
+        self.block_hasher: Any = None
+        if config.enable_prefix_caching:
+            v = self.v
+            hash_fn = v["get_hash_fn_by_name"](self.scheduler.cache_config.prefix_caching_hash_algo)
+            v["init_none_hash"](hash_fn)
+            self.block_hasher = v["get_request_block_hasher"](config.block_size, hash_fn)
         self.requests: dict[str, Any] = {}  # live id -> vLLM Request
         self.spec_requests: dict[str, Request] = {}
         self.next_arrival = 0
@@ -265,6 +278,7 @@ class VllmAdapter:
             pooling_params=None,
             arrival_time=float(self.next_arrival),
             priority=params.priority,
+            block_hasher=self.block_hasher,
         )
         self.scheduler.add_request(request)
         self.requests[request_id] = request
@@ -375,4 +389,8 @@ class VllmAdapter:
             next_arrival=self.next_arrival,
             num_steps=self.num_steps,
         )
-        return Observation(state=state, blocks=blocks)
+        # Its pool (null block, ids, hash map) is not projected onto PC1 yet.
+        hidden = (
+            frozenset({Hidden.PREFIX_POOL}) if self.config.enable_prefix_caching else frozenset()
+        )
+        return Observation(state=state, blocks=blocks, hidden=hidden)

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from impl.block_manager import cdiv
+from impl.block_manager import BlockManager, cdiv
 from impl.scheduler import Scheduler
 from impl.scheduler_output import SchedulerOutput
 from spec.types import (
@@ -113,6 +113,7 @@ ops = st.integers(0, 2**32 - 1).map(random_operations)
 
 
 def free_lists(s: Scheduler) -> tuple[list[int], list[int]]:
+    assert isinstance(s.gpu, BlockManager)  # these tests run with prefix caching off
     return list(s.gpu._free), list(s.cpu._free)
 
 

@@ -55,10 +55,14 @@ class Invariants(MachineBase):
             ("GPU", scheduler.gpu, [seq.block_table for seq in scheduler.running]),
             ("CPU", scheduler.cpu, [seq.cpu_block_table for seq in scheduler.swapped]),
         )
+        shared = scheduler.prefix_cache is not None
         for name, pool, tables in pools:
             owned = [block for table in tables for block in table]
-            if len(set(owned)) != len(owned):
+            if any(len(set(table)) != len(table) for table in tables) or (
+                len(set(owned)) != len(owned) and not (shared and name == "GPU")
+            ):
                 fail("blocks_conserved", f"{name} block owned twice: {tables}")
+            owned = list(dict.fromkeys(owned))  # PC1: a shared block counts once
             if pool.num_free_blocks + len(owned) != pool.num_blocks:
                 fail(
                     "blocks_conserved",

@@ -24,13 +24,30 @@ class Size:
 #: suite around 3-5 minutes with ``pytest -n 2``; nightly is sized in
 #: docs/stateful-testing.md (>= 10^6 differential steps a night).
 SIZES: Final[Mapping[str, Mapping[str, Size]]] = {
-    "ci": {"SchedulerDifferential": Size(2_000, 50), "EngineDifferential": Size(400, 50)},
-    "dev": {"SchedulerDifferential": Size(60, 40), "EngineDifferential": Size(15, 25)},
+    "ci": {
+        "SchedulerDifferential": Size(2_000, 50),
+        "EngineDifferential": Size(400, 50),
+        "PrefixSchedulerDifferential": Size(1_000, 50),
+        "PrefixEngineDifferential": Size(150, 40),
+    },
+    "dev": {
+        "SchedulerDifferential": Size(60, 40),
+        "EngineDifferential": Size(15, 25),
+        "PrefixSchedulerDifferential": Size(60, 40),
+        "PrefixEngineDifferential": Size(15, 25),
+    },
     "nightly": {
         "SchedulerDifferential": Size(20_000, 100, targeting=True),
         "EngineDifferential": Size(6_000, 60, targeting=True),
+        "PrefixSchedulerDifferential": Size(10_000, 100, targeting=True),
+        "PrefixEngineDifferential": Size(2_000, 60, targeting=True),
     },
-    "mutation": {"SchedulerDifferential": Size(1_000, 40), "EngineDifferential": Size(200, 30)},
+    "mutation": {
+        "SchedulerDifferential": Size(1_000, 40),
+        "EngineDifferential": Size(200, 30),
+        "PrefixSchedulerDifferential": Size(600, 40),
+        "PrefixEngineDifferential": Size(100, 30),
+    },
 }
 
 #: Every machine sets these explicitly (formal-methods.md section 2.2: a machine's own

@@ -18,21 +18,29 @@ SEMANTICS: Final = (Semantics.KVSCHED, Semantics.VLLM_V1, Semantics.KVSCHED, Sem
 
 
 @st.composite
-def engine_configs(draw: st.DrawFn) -> SchedulerConfig:
+def engine_configs(draw: st.DrawFn, *, prefix_caching: bool = False) -> SchedulerConfig:
     """Small pools so preemption really happens; every mode, policy and block size.
 
     The GPU pool holds 8-64 tokens (at least two blocks); swap mode (drawn half the
     time) gets a CPU pool from none (every swap falls back to recompute) through too
-    small to twice the GPU pool.
+    small to twice the GPU pool. With ``prefix_caching`` the config turns it on and
+    the mode is recompute or restart (caching refuses swap); the other draws are the
+    same.
     """
-    semantics = draw(st.sampled_from(SEMANTICS))
+    # Prefix caching is the kvsched profile's only (SchedulerConfig refuses the others).
+    semantics = Semantics.KVSCHED if prefix_caching else draw(st.sampled_from(SEMANTICS))
     if semantics is not Semantics.KVSCHED:
         return draw(profile_configs(semantics))
     block_size = draw(st.sampled_from(BLOCK_SIZES))
     gpu_tokens = draw(st.integers(8, 64))
     num_gpu_blocks = max(2, gpu_tokens // block_size)  # 16 x 1 block: no two requests fit
     # Swap mode drawn twice as often: it has the most paths (swap-out, fallback, swap-in).
-    mode = draw(st.sampled_from((*PreemptionMode, PreemptionMode.SWAP)))
+    modes = (
+        (PreemptionMode.RECOMPUTE, PreemptionMode.RESTART)
+        if prefix_caching
+        else (*PreemptionMode, PreemptionMode.SWAP)
+    )
+    mode = draw(st.sampled_from(modes))
     if mode is PreemptionMode.SWAP:
         num_cpu_blocks = draw(st.integers(0, 2 * num_gpu_blocks))
     else:
@@ -56,6 +64,7 @@ def engine_configs(draw: st.DrawFn) -> SchedulerConfig:
             preemption_mode=st.builds(PreemptionMode, st.just(mode.value)),
             num_cpu_blocks=st.just(num_cpu_blocks),
             policy=st.just(policy),
+            enable_prefix_caching=st.just(prefix_caching),
         )
     )
 

@@ -13,7 +13,8 @@ scheduler's output, in the same order:
 The sampled token depends only on what was read from the cache, like a real model:
 a wrong block id, a block freed while still in use, a swap that copies the wrong
 blocks or a lost output all change what is read. A read that finds another
-request's slot, or nothing, fails ``kv_contents`` on the spot (naming the slot); two
+request's slot (with prefix caching: another token or position), or nothing, fails
+``kv_contents`` on the spot (naming the slot); two
 chunks of one step writing one slot fail ``kv_exclusive``.
 
 A failed forward restores both pools (as the engine restores the blocks its victims
@@ -36,6 +37,7 @@ Oracle = Callable[[tuple[int, ...]], int]
 class ToyModel:
     def __init__(self, config: SchedulerConfig, oracle: Oracle) -> None:
         self.block_size = config.block_size
+        self.shared = config.enable_prefix_caching
         self.gpu: list[Slot | None] = [None] * (config.num_gpu_blocks * config.block_size)
         self.cpu: list[Slot | None] = [None] * (config.num_cpu_blocks * config.block_size)
         self.oracle = oracle
@@ -98,7 +100,13 @@ class ToyModel:
             for position in range(start):
                 slot = self._slot(seq, position)
                 content = gpu[slot]
-                if content is None or content[:2] != (seq.arrival, position):
+                # With prefix caching a hit reads another request's slot: it must hold
+                # this position of the same token (an equal prefix, PC2).
+                if content is None or (
+                    content[1:] != (position, seq.token_ids[position])
+                    if self.shared
+                    else content[:2] != (seq.arrival, position)
+                ):
                     fail(
                         "kv_contents",
                         f"step {out.step}: {seq.request_id!r} (arrival {seq.arrival}) reads "

@@ -1,0 +1,301 @@
+"""Prefix caching: shared GPU blocks, keyed by the token prefix they end (PC1-PC9).
+
+When ``config.enable_prefix_caching`` is on, the state carries the GPU block pool
+explicitly (``SchedulerState.prefix_cache`` and each running request's ``block_ids``)
+and the phases call the pure functions below instead of only counting blocks. The
+rules, as in docs/semantics.md:
+
+- **PC1 (pool).** Every GPU block is either in the free queue or held by at least one
+  running request (never both); a block's reference count is the number of running
+  requests that hold it. Between steps a running request holds ``cdiv(computed, bs)``
+  distinct blocks, in table order; ``num_free_gpu_blocks`` is the free queue's length.
+- **PC2 (keys).** Only full blocks get a key: block ``i`` of a request gets
+  ``tokens[:(i + 1) * bs]``, the whole prefix up to its end, so equal keys mean equal
+  prefixes (not only equal block contents). Keys are given when a chunk is scheduled,
+  to each block of the request that is full once the chunk is computed and has no key
+  yet (vLLM's ``cache_blocks`` at allocation); a request admitted later in the same
+  step may hit them, because the forward writes every chunk's K/V before any
+  attention reads the cache.
+- **PC3 (lookup).** At admission (phase C, which is also where a preempted request
+  comes back), the hit is the longest run of the request's blocks ``0 .. k-1`` whose
+  keys are cached, with ``k <= (num_tokens - 1) // bs``: at least one token is always
+  computed, so that the request has logits to sample from (vLLM caps the hit at
+  ``num_tokens - 1`` tokens and keeps whole blocks: a prompt of exactly ``m * bs``
+  tokens hits at most ``m - 1`` blocks and recomputes its last block). A key naming
+  several blocks resolves to the one that got it first.
+- **PC4 (admission).** ``h = k * bs`` hit tokens are computed already: the request's
+  computed count becomes ``h`` and its chunk starts there; ``n = min(num_tokens - h,
+  budget)`` with chunked prefill on, else ``num_tokens - h`` (stop if it exceeds the
+  budget); only ``n`` counts against the budget. It needs ``new = cdiv(h + n, bs) - k``
+  new blocks, and stops if ``new`` plus the hit blocks that sit in the free queue
+  exceed the free blocks (vLLM counts evictable hit blocks as taken). Admitted, its
+  hit blocks leave the free queue first (**touch**), then the new blocks are taken, so
+  a hit block is never reclaimed between lookup and use.
+- **PC5 (allocation and reclaim).** New blocks come from the head of the free queue
+  (the least recently freed); a block taken that still has a key loses it
+  (**reclaim**).
+- **PC6 (freeing).** A request that finishes, is preempted or aborted gives up its
+  blocks in reverse table order; each block that no other running request holds
+  joins the tail of the free queue and keeps its key (cached but free), so a
+  request's last blocks are reclaimed before its first ones. Requests finishing in
+  one step give up their blocks one after the other, in plan order.
+- **PC7 (preemption).** A victim gives up its blocks as in PC6 and holds none; when
+  it is admitted again, PC3 may hit its own freed blocks (or another request's) for
+  as long as they are not reclaimed.
+- **PC8 (growth).** A running request's chunk takes ``cdiv(computed + n, bs) -
+  len(block_ids)`` new blocks by PC5, and phase A preempts while that exceeds the
+  free queue's length (R5); blocks a victim shares with another request do not come
+  free.
+- **PC9 (invariants)**, checked by ``pool_violations``: PC1; each block has at most
+  one key; a block held by a running request has a key only if it is full of
+  computed tokens, and then the key is that request's prefix at the block; a block
+  held by two requests has a key.
+
+Swap preemption is refused with caching on (``ConfigError``): vLLM V1 has no swap.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping
+
+from spec.types import PrefixCacheState, RequestState
+
+Key = tuple[int, ...]
+
+
+def request_tokens(request: RequestState) -> tuple[int, ...]:
+    """The request's prompt followed by its outputs: what its blocks hold, in order.
+
+    post: len(__return__) == request.num_tokens
+    """
+    return (*request.request.prompt_token_ids, *request.output_token_ids)
+
+
+def block_key(tokens: tuple[int, ...], index: int, block_size: int) -> Key:
+    """PC2: the key of block ``index``: every token up to the end of that block.
+
+    pre: block_size >= 1
+    pre: 0 <= index and (index + 1) * block_size <= len(tokens)
+    post: len(__return__) == (index + 1) * block_size
+    post: __return__ == tokens[: len(__return__)]
+    """
+    return tokens[: (index + 1) * block_size]
+
+
+def max_hit_blocks(num_tokens: int, block_size: int) -> int:
+    """PC3: the most blocks a lookup may hit: ``(num_tokens - 1) // bs``.
+
+    At least one token is left to compute, and only whole blocks are hit.
+
+    pre: num_tokens >= 1
+    pre: block_size >= 1
+    post: 0 <= __return__ * block_size <= num_tokens - 1
+    post: (__return__ + 1) * block_size > num_tokens - 1
+    """
+    return (num_tokens - 1) // block_size
+
+
+def num_full_blocks(num_tokens: int, block_size: int) -> int:
+    """PC2: how many blocks are full once ``num_tokens`` tokens are in them.
+
+    pre: num_tokens >= 0
+    pre: block_size >= 1
+    post: __return__ * block_size <= num_tokens < (__return__ + 1) * block_size
+    """
+    return num_tokens // block_size
+
+
+def cached_block(cache: PrefixCacheState, key: Key) -> int | None:
+    """PC3: the block that got ``key`` first, or None.
+
+    post: __return__ is None or (key, __return__) in cache.cached
+    """
+    for cached_key, block in cache.cached:
+        if cached_key == key:
+            return block
+    return None
+
+
+def longest_hit(
+    cache: PrefixCacheState, tokens: tuple[int, ...], block_size: int
+) -> tuple[int, ...]:
+    """PC3: the blocks of the longest cached prefix of ``tokens``, capped by ``max_hit_blocks``.
+
+    pre: len(tokens) >= 1
+    pre: block_size >= 1
+    post: len(__return__) <= max_hit_blocks(len(tokens), block_size)
+    """
+    by_key: dict[Key, int] = {}
+    for key, block in cache.cached:
+        by_key.setdefault(key, block)
+    hit: list[int] = []
+    for index in range(max_hit_blocks(len(tokens), block_size)):
+        found = by_key.get(block_key(tokens, index, block_size))
+        if found is None:
+            break
+        hit.append(found)
+    return tuple(hit)
+
+
+def num_evictable(cache: PrefixCacheState, blocks: Iterable[int]) -> int:
+    """PC4: how many of ``blocks`` sit in the free queue (a hit on them takes a free block).
+
+    post: __return__ >= 0
+    """
+    free = set(cache.free_queue)
+    return sum(1 for block in blocks if block in free)
+
+
+def touch(cache: PrefixCacheState, blocks: tuple[int, ...]) -> PrefixCacheState:
+    """PC4: hit blocks that were free leave the free queue; the queue keeps its order.
+
+    post: __return__.cached == cache.cached
+    post: all(block not in __return__.free_queue for block in blocks)
+    post: all(block in cache.free_queue for block in __return__.free_queue)
+    """
+    hit = set(blocks)
+    return PrefixCacheState(
+        free_queue=tuple(b for b in cache.free_queue if b not in hit), cached=cache.cached
+    )
+
+
+def take(cache: PrefixCacheState, num_blocks: int) -> tuple[PrefixCacheState, tuple[int, ...]]:
+    """PC5: ``num_blocks`` blocks from the head of the free queue; reclaimed ones lose their key.
+
+    pre: 0 <= num_blocks <= len(cache.free_queue)
+    post: __return__[1] == cache.free_queue[:num_blocks]
+    post: __return__[0].free_queue == cache.free_queue[num_blocks:]
+    post: all(block not in __return__[1] for _, block in __return__[0].cached)
+    """
+    blocks = cache.free_queue[:num_blocks]
+    if not blocks:
+        return cache, ()
+    taken = set(blocks)
+    return (
+        PrefixCacheState(
+            free_queue=cache.free_queue[num_blocks:],
+            cached=tuple(pair for pair in cache.cached if pair[1] not in taken),
+        ),
+        blocks,
+    )
+
+
+def give_keys(
+    cache: PrefixCacheState,
+    tokens: tuple[int, ...],
+    block_ids: tuple[int, ...],
+    num_tokens: int,
+    block_size: int,
+) -> PrefixCacheState:
+    """PC2: every block of ``block_ids`` full once ``num_tokens`` tokens are computed gets its key.
+
+    Blocks that already have a key keep it (by PC9 it is the same key).
+
+    pre: block_size >= 1
+    pre: 0 <= num_tokens <= len(tokens)
+    pre: num_tokens // block_size <= len(block_ids)
+    post: __return__.free_queue == cache.free_queue
+    post: __return__.cached[: len(cache.cached)] == cache.cached
+    """
+    keyed = {block for _, block in cache.cached}
+    new = [
+        (block_key(tokens, index, block_size), block_ids[index])
+        for index in range(num_full_blocks(num_tokens, block_size))
+        if block_ids[index] not in keyed
+    ]
+    if not new:
+        return cache
+    return PrefixCacheState(free_queue=cache.free_queue, cached=(*cache.cached, *new))
+
+
+def holders(running: tuple[RequestState, ...]) -> Counter[int]:
+    """PC1: each block's reference count, the number of these requests that hold it.
+
+    post: sum(__return__.values()) == sum(len(r.block_ids) for r in running)
+    """
+    counts: Counter[int] = Counter()
+    for request in running:
+        counts.update(request.block_ids)
+    return counts
+
+
+def release(
+    cache: PrefixCacheState, block_ids: tuple[int, ...], others: Mapping[int, int]
+) -> PrefixCacheState:
+    """PC6: give up ``block_ids``; those no other holder has join the tail, in reverse order.
+
+    ``others`` counts the holders besides the request that lets go. Keys are kept.
+
+    post: __return__.cached == cache.cached
+    post: __return__.free_queue[: len(cache.free_queue)] == cache.free_queue
+    post: len(__return__.free_queue) <= len(cache.free_queue) + len(block_ids)
+    """
+    freed = tuple(block for block in reversed(block_ids) if not others.get(block, 0))
+    if not freed:
+        return cache
+    return PrefixCacheState(free_queue=(*cache.free_queue, *freed), cached=cache.cached)
+
+
+def pool_violations(
+    cache: PrefixCacheState,
+    running: tuple[RequestState, ...],
+    num_blocks: int,
+    block_size: int,
+    *,
+    extra_tokens: dict[str, int] | None = None,
+) -> list[str]:
+    """PC1 and PC9 on the pool and the running requests; one line per broken rule.
+
+    Between steps a running request holds ``cdiv(computed, bs)`` blocks; in the middle
+    of a step a scheduled one already holds the blocks of its chunk, which
+    ``extra_tokens`` (request id -> chunk size) adds to its computed count.
+
+    pre: block_size >= 1
+    pre: num_blocks >= 0
+    post: isinstance(__return__, list)
+    """
+    found: list[str] = []
+    extra = extra_tokens or {}
+    free = cache.free_queue
+    if len(set(free)) != len(free) or not all(0 <= b < num_blocks for b in free):
+        found.append("PC1: the free queue repeats a block or names one outside the pool")
+    counts = holders(running)
+    in_use = set(counts)
+    if in_use & set(free):
+        found.append(f"PC1: blocks {sorted(in_use & set(free))} are in use and free")
+    if len(in_use) + len(set(free)) != num_blocks or not all(0 <= b < num_blocks for b in in_use):
+        found.append(
+            f"PC1: blocks not conserved: {len(set(free))} free + {len(in_use)} in use "
+            f"!= {num_blocks}"
+        )
+    key_of: dict[int, Key] = {}
+    for key, block in cache.cached:
+        if block in key_of:
+            found.append(f"PC9: block {block} has two keys")
+        key_of[block] = key
+        if not key or len(key) % block_size:
+            found.append(f"PC2: block {block} has a key of {len(key)} tokens, not whole blocks")
+    for request in running:
+        rid = request.request_id
+        ids = request.block_ids
+        computed = request.num_computed_tokens + extra.get(rid, 0)
+        if len(set(ids)) != len(ids):
+            found.append(f"PC1: request {rid!r} holds a block twice")
+        if len(ids) != -(-computed // block_size):
+            found.append(f"PC1: request {rid!r} holds {len(ids)} blocks for {computed} tokens")
+        tokens = request_tokens(request)
+        for index, held in enumerate(ids):
+            held_key = key_of.get(held)
+            if held_key is None:
+                if counts[held] > 1:
+                    found.append(f"PC9: block {held} is shared but has no key")
+                continue
+            if (index + 1) * block_size > computed or held_key != block_key(
+                tokens, index, block_size
+            ):
+                found.append(
+                    f"PC9: block {held} of {rid!r} (index {index}) has a key that is not "
+                    "its computed prefix"
+                )
+    return found

@@ -1,0 +1,117 @@
+"""Prefix caching in the spec (PC1-PC9): hits, the cap, the free queue's order, sharing."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+import spec
+from spec.invariants import plan_violations, state_violations
+from spec.prefix_cache import longest_hit, max_hit_blocks, release, take, touch
+from spec.scheduler import step
+from spec.types import (
+    ConfigError,
+    PreemptionMode,
+    PrefixCacheState,
+    SamplingParams,
+    SchedulerConfig,
+    SchedulerState,
+    StepPlan,
+)
+
+
+def oracle(tokens: tuple[int, ...]) -> int:
+    return (sum(tokens) * 7 + len(tokens)) % 50
+
+
+def config(**overrides: object) -> SchedulerConfig:
+    values: dict[str, object] = {
+        "num_gpu_blocks": 16,
+        "block_size": 4,
+        "max_num_batched_tokens": 64,
+        "enable_prefix_caching": True,
+    }
+    values.update(overrides)
+    return SchedulerConfig(**values)  # type: ignore[arg-type]
+
+
+def checked_step(state: SchedulerState) -> tuple[SchedulerState, StepPlan]:
+    after, plan = step(state, oracle)
+    assert state_violations(after) == ()
+    assert plan_violations(state, plan, after) == ()
+    return after, plan
+
+
+def run_until_done(state: SchedulerState) -> SchedulerState:
+    while spec.has_unfinished_requests(state):
+        state, _ = checked_step(state)
+    return state
+
+
+PARAMS = SamplingParams(max_tokens=2)
+
+
+def test_swap_and_other_profiles_are_refused() -> None:
+    with pytest.raises(ConfigError):
+        config(preemption_mode=PreemptionMode.SWAP)
+    with pytest.raises(ConfigError):
+        config(semantics="nano-vllm", enable_chunked_prefill=False)
+
+
+def test_the_hit_is_capped_one_token_short_in_whole_blocks() -> None:
+    assert [max_hit_blocks(n, 4) for n in (1, 4, 5, 8, 9)] == [0, 0, 1, 1, 2]
+
+
+def test_a_resent_prompt_of_exactly_k_blocks_recomputes_its_last_block() -> None:
+    state = spec.add_request(spec.init_state(config()), "a", tuple(range(12)), PARAMS)
+    state = run_until_done(state)
+    # PC6: finished, its 3 blocks are free but keep their keys, last block first in line.
+    assert state.prefix_cache is not None
+    assert len(state.prefix_cache.cached) == 3
+    state = spec.add_request(state, "b", tuple(range(12)), PARAMS)
+    state, plan = checked_step(state)
+    assert plan.scheduled[0].start == 8 and plan.scheduled[0].num_tokens == 4
+
+
+def test_requests_admitted_in_one_step_share_the_blocks_keyed_in_it() -> None:
+    state = spec.init_state(config())
+    for rid in ("a", "b"):
+        state = spec.add_request(state, rid, tuple(range(10)), PARAMS)
+    state, plan = checked_step(state)
+    assert [(c.start, c.num_tokens) for c in plan.scheduled] == [(0, 10), (8, 2)]
+    a, b = state.running
+    assert a.block_ids[:2] == b.block_ids[:2] and a.block_ids[2] != b.block_ids[2]
+    assert state.num_free_gpu_blocks == 16 - 4  # shared blocks count once (PC1)
+
+
+def test_a_hit_on_a_free_block_takes_it_out_of_the_queue_before_allocation() -> None:
+    cache = PrefixCacheState(free_queue=(0, 1, 2), cached=(((1, 2), 0),))
+    assert longest_hit(cache, (1, 2, 3), 2) == (0,)
+    after, new = take(touch(cache, (0,)), 1)
+    assert new == (1,) and after.free_queue == (2,) and after.cached == cache.cached
+
+
+def test_reclaiming_drops_the_key_and_freeing_appends_in_reverse() -> None:
+    cache = PrefixCacheState(free_queue=(5, 6), cached=(((9,), 5),))
+    after, blocks = take(cache, 1)
+    assert blocks == (5,) and after.cached == ()
+    released = release(after, (1, 2, 3), Counter({2: 1}))
+    assert released.free_queue == (6, 3, 1)
+
+
+def test_a_preempted_request_hits_its_own_freed_blocks() -> None:
+    cfg = config(num_gpu_blocks=6, block_size=2, max_num_batched_tokens=16)
+    state = spec.init_state(cfg)
+    state = spec.add_request(state, "a", tuple(range(6)), SamplingParams(max_tokens=5))
+    state = spec.add_request(state, "b", tuple(range(20, 26)), SamplingParams(max_tokens=5))
+    hit_own = False
+    while spec.has_unfinished_requests(state):
+        before = state
+        state, plan = checked_step(state)
+        waiting = {r.request_id: r for r in before.waiting}
+        for chunk in plan.scheduled:
+            request = waiting.get(chunk.request_id)
+            if request is not None and request.num_preemptions and chunk.start:
+                hit_own = True
+    assert hit_own

@@ -1,0 +1,177 @@
+"""Prefix caching in the differential machines: shared-prefix workloads and their events.
+
+``PrefixRules`` is mixed into a machine (``PrefixSchedulerDifferential``,
+``PrefixEngineDifferential``) whose configs turn prefix caching on. Its rules send
+prompts that share tokens: the example's one system prompt under different
+suffixes, the system prompt cut at exactly ``k`` blocks, and earlier prompts sent
+again (after they finished, after their blocks were reclaimed, after a preemption:
+whatever the run has done to them by then). Its coverage events (``PREFIX_EVENTS``)
+are computed from the spec's states, so they say what the rules of
+docs/semantics.md (PC1-PC9) did, not what the engine reports.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+from typing import Final
+
+from hypothesis import strategies as st
+from hypothesis.stateful import MultipleResults, multiple, precondition, rule
+
+from spec.types import PreemptionMode, SchedulerConfig, SchedulerState, StepPlan
+from tests.stateful.base import REQUESTS, checked
+from tests.stateful.coverage import REQUIRED_EVENTS
+from tests.stateful.machine import DifferentialMachine
+from tests.stateful.strategies import NEW_REQUESTS, NewRequest
+
+SYSTEM_PROMPT_LEN: Final = 64
+
+PREFIX_EVENTS: Final = frozenset(
+    {
+        "config: prefix caching on",
+        "prefix: hit",
+        "prefix: partial hit (fewer blocks than it could hit)",
+        "prefix: full-prompt hit (every block it may hit)",
+        "prefix: full-prompt hit on exactly k blocks (last block recomputed)",
+        "prefix: hit on blocks keyed in the same step",
+        "prefix: hit on a free cached block",
+        "prefix: block shared by running requests",
+        "prefix: cached block reclaimed",
+        "prefix: resumed request hit its own freed blocks",
+        "prefix: resent prompt hit",
+    }
+)
+
+#: The machines with caching on never swap (caching refuses swap mode) and run the
+#: kvsched profile only (caching is refused with the peer profiles).
+_UNREACHABLE_WITH_CACHING: Final = frozenset(
+    {
+        "config: mode=swap",
+        "preempt: swap",
+        "preempt: swap fell back to recompute (CPU pool full)",
+        "swap-in",
+        "abort: swapped",
+        "fault: swap-out copy",
+        "fault: swap-in copy",
+        *(
+            event
+            for event in REQUIRED_EVENTS
+            if event.startswith(("vllm-v1/", "nano-vllm/"))
+            or (event.startswith("config: semantics=") and event != "config: semantics=kvsched")
+        ),
+    }
+)
+
+PREFIX_REQUIRED_EVENTS: Final = (REQUIRED_EVENTS - _UNREACHABLE_WITH_CACHING) | PREFIX_EVENTS
+
+
+class PrefixRules(DifferentialMachine):
+    """Shared-prefix rules and prefix-cache coverage, on top of a differential machine."""
+
+    system_prompt: tuple[int, ...] = ()
+    victim_blocks: dict[int, frozenset[int]]  # arrival -> blocks it gave up when preempted
+    sent: list[tuple[tuple[int, ...], NewRequest]]
+
+    def start_engine(
+        self, config: SchedulerConfig, initial: list[NewRequest]
+    ) -> MultipleResults[str]:
+        rng = random.Random(config.num_gpu_blocks * 131 + config.max_num_batched_tokens)
+        self.system_prompt = tuple(rng.randrange(self.VOCAB) for _ in range(SYSTEM_PROMPT_LEN))
+        self.victim_blocks = {}
+        self.sent = []
+        started = super().start_engine(config, initial)
+        self.note("config: prefix caching on")
+        return started
+
+    def send(self, prompt: tuple[int, ...], req: NewRequest) -> str | None:
+        """Submit ``prompt`` with ``req``'s parameters (resolved for its clamped sizes)."""
+        _, params = self.resolve(replace(req, prompt_len=len(prompt), eos=None))
+        request_id = self.fresh_id()
+        if not self.submit(request_id, prompt, params):
+            return None
+        self.sent.append((prompt, req))
+        return request_id
+
+    @rule(
+        target=REQUESTS,
+        req=NEW_REQUESTS,
+        prefix_len=st.integers(1, SYSTEM_PROMPT_LEN),
+        exact_blocks=st.booleans(),
+        copies=st.integers(1, 4),
+    )
+    @checked
+    def add_shared_prefix(
+        self, req: NewRequest, prefix_len: int, exact_blocks: bool, copies: int
+    ) -> MultipleResults[str]:
+        """The system prompt's first ``prefix_len`` tokens, then each copy's own suffix; or,
+        ``exact_blocks``, only the system prompt cut at a whole number of blocks."""
+        resolved, _ = self.resolve(req)
+        length = len(resolved)  # clamped to fit the configuration (R4)
+        bs = self.config.block_size
+        accepted = []
+        for copy in range(copies):
+            if exact_blocks and length >= bs:
+                prompt = self.system_prompt[: length // bs * bs]
+            else:
+                shared = min(prefix_len, length)
+                own = random.Random(req.salt + copy).choices(range(self.VOCAB), k=length - shared)
+                prompt = (*self.system_prompt[:shared], *own)
+            request_id = self.send(tuple(prompt), req)
+            if request_id is not None:
+                accepted.append(request_id)
+        return multiple(*accepted)
+
+    @precondition(lambda self: bool(self.sent))
+    @rule(target=REQUESTS, pick=st.integers(0, 2**16))
+    @checked
+    def resend(self, pick: int) -> MultipleResults[str]:
+        """A prompt sent before, again, wherever its first copy is now (running, finished,
+        preempted, its blocks reclaimed or not)."""
+        prompt, req = self.sent[pick % len(self.sent)]
+        request_id = self.send(prompt, req)
+        return multiple() if request_id is None else multiple(request_id)
+
+    def record_step(self, before: SchedulerState, mid: SchedulerState, plan: StepPlan) -> None:
+        super().record_step(before, mid, plan)
+        cache_before, cache_mid = before.prefix_cache, mid.prefix_cache
+        if cache_before is None or cache_mid is None:
+            return
+        bs = self.config.block_size
+        waiting = {r.request_id: r for r in before.waiting}
+        running_mid = {r.request_id: r for r in mid.running}
+        keyed_before = {block for _, block in cache_before.cached}
+        free_before = set(cache_before.free_queue)
+        prompts_sent_before = {
+            a.prompt for arrival, a in self.accepted.items() if arrival in self.outcomes
+        }
+        for chunk in plan.scheduled:
+            request = waiting.get(chunk.request_id)
+            if request is None or chunk.start == 0:
+                continue
+            hit = running_mid[chunk.request_id].block_ids[: chunk.start // bs]
+            self.note("prefix: hit")
+            if chunk.start < (request.num_tokens - 1) // bs * bs:
+                self.note("prefix: partial hit (fewer blocks than it could hit)")
+            else:
+                self.note("prefix: full-prompt hit (every block it may hit)")
+                if request.num_tokens % bs == 0 and not request.output_token_ids:
+                    self.note("prefix: full-prompt hit on exactly k blocks (last block recomputed)")
+            if not set(hit) <= keyed_before:
+                self.note("prefix: hit on blocks keyed in the same step")
+            if set(hit) & free_before:
+                self.note("prefix: hit on a free cached block")
+            if set(hit) & self.victim_blocks.get(request.request.arrival, frozenset()):
+                self.note("prefix: resumed request hit its own freed blocks")
+            if request.request.prompt_token_ids in prompts_sent_before:
+                self.note("prefix: resent prompt hit")
+        if set(cache_before.cached) - set(cache_mid.cached):
+            self.note("prefix: cached block reclaimed")
+        after = self.spec.state
+        held = [block for r in after.running for block in r.block_ids]
+        if len(set(held)) < len(held):
+            self.note("prefix: block shared by running requests")
+        for preemption in plan.preempted:
+            if preemption.mode is not PreemptionMode.SWAP:
+                victim = next(r for r in before.running if r.request_id == preemption.request_id)
+                self.victim_blocks[victim.request.arrival] = frozenset(victim.block_ids)

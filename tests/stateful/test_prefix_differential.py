@@ -1,0 +1,108 @@
+"""Both differential machines with prefix caching on and shared-prefix workloads.
+
+``PrefixSchedulerDifferential`` is ``SchedulerDifferential`` (toy model: a hit reads
+another request's slots, which must hold the same positions of the same tokens) and
+``PrefixEngineDifferential`` is ``EngineDifferential`` (the tiny Llama in float64: a
+hit attends over K/V another request wrote, and every output must still equal its
+solo run bit for bit, so a stale key changes a token). Each draws its configs with
+``enable_prefix_caching`` on and adds the rules of ``tests/stateful/prefix.py``; the
+coverage they must reach is ``PREFIX_REQUIRED_EVENTS`` (swap never happens with
+caching on).
+"""
+
+from __future__ import annotations
+
+import torch
+from hypothesis.stateful import MultipleResults, initialize
+
+from spec.types import SchedulerConfig, SchedulerState, StepPlan
+from tests.stateful.base import REQUESTS, checked
+from tests.stateful.coverage import REQUIRED_EVENTS
+from tests.stateful.failures import require
+from tests.stateful.harness import run_differential
+from tests.stateful.prefix import PREFIX_REQUIRED_EVENTS, PrefixRules
+from tests.stateful.strategies import INITIAL_REQUESTS, NewRequest, engine_configs
+from tests.stateful.test_engine_differential import REQUIRED, EngineDifferential, single_thread
+from tests.stateful.test_scheduler_differential import SchedulerDifferential
+
+
+class PrefixSchedulerDifferential(PrefixRules, SchedulerDifferential):
+    NAME = "PrefixSchedulerDifferential"
+
+    @initialize(
+        target=REQUESTS, config=engine_configs(prefix_caching=True), initial=INITIAL_REQUESTS
+    )
+    @checked
+    def init_engine(
+        self, config: SchedulerConfig, initial: list[NewRequest]
+    ) -> MultipleResults[str]:
+        return self.start_engine(config, initial)
+
+
+class PrefixEngineDifferential(PrefixRules, EngineDifferential):
+    NAME = "PrefixEngineDifferential"
+
+    @initialize(
+        target=REQUESTS, config=engine_configs(prefix_caching=True), initial=INITIAL_REQUESTS
+    )
+    @checked
+    def init_engine(
+        self, config: SchedulerConfig, initial: list[NewRequest]
+    ) -> MultipleResults[str]:
+        return self.start_engine(config, initial)
+
+    def fault_snapshot(self) -> dict[str, object]:
+        """Also the K/V of every cached block: a rollback gives reclaimed blocks their keys
+        back, so the failed forward must not have changed what they hold."""
+        return {**super().fault_snapshot(), "fault_restores_cached_kv": self.cached_kv()}
+
+    def cached_kv(self) -> bytes:
+        state = self.engine.observe()
+        assert state.prefix_cache is not None
+        blocks = sorted(block for _, block in state.prefix_cache.cached)
+        if not blocks:
+            return b""
+        pool = self.engine.cache_engine.gpu_cache
+        bs = self.config.block_size
+        slots = [block * bs + i for block in blocks for i in range(bs)]
+        index = torch.tensor(slots, dtype=torch.long)
+        return b"".join(
+            tensor.view(pool.num_layers, pool.num_slots, -1)
+            .index_select(1, index)
+            .numpy()
+            .tobytes()
+            for tensor in (pool.key, pool.value)
+        )
+
+    def after_step(self, mid: SchedulerState, plan: StepPlan) -> None:
+        super().after_step(mid, plan)
+        metrics = self.engine.metrics
+        self.hit_tokens += sum(
+            start
+            for rid, start in zip(plan.scheduled_ids, plan.num_computed_tokens, strict=True)
+            if rid in self.admitted_now
+        )
+        require(
+            metrics.prefix_cache_hits == self.hit_tokens,
+            "metrics_match_plans",
+            lambda: f"prefix_cache_hits {metrics.prefix_cache_hits}, plans hit {self.hit_tokens}",
+        )
+
+    hit_tokens = 0
+    admitted_now: frozenset[str] = frozenset()
+
+    def do_step(self) -> StepPlan | None:
+        self.admitted_now = frozenset(r.request_id for r in self.spec.state.waiting)
+        return super().do_step()
+
+
+def test_prefix_scheduler_differential() -> None:
+    run_differential(PrefixSchedulerDifferential, PREFIX_REQUIRED_EVENTS)
+
+
+def test_prefix_engine_differential() -> None:
+    with single_thread():
+        # The engine's own event (a fault after the forward wrote into a victim's blocks).
+        run_differential(
+            PrefixEngineDifferential, PREFIX_REQUIRED_EVENTS | (REQUIRED - REQUIRED_EVENTS)
+        )
