@@ -24,10 +24,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
 from spec.invariants import (  # noqa: F401  (used by the PEP 316 contracts)
+    blocks_in_use,
     check_plan,
     check_state,
+    eos_sampled,
     kv_conserved_mid_step,
     live_ids_sorted,
+    outputs_extended,
 )
 from spec.kv import blocks_held, blocks_needed, cdiv, chunk_for_prefill
 from spec.policies import Policy, always_admit, get_policy, select_victim
@@ -189,6 +192,31 @@ def preempt(
     return recompute(victim), PreemptionMode.RECOMPUTE
 
 
+def release_victim(
+    victim: RequestState, config: SchedulerConfig, free: int, free_cpu: int
+) -> tuple[RequestState, PreemptionMode, int, int]:
+    """R6 with its block accounting: preempt a running ``victim`` when ``free`` GPU and
+    ``free_cpu`` CPU blocks are free; return it after, the mode used, and the free
+    counts after.
+
+    All its ``cdiv(computed, bs)`` GPU blocks are given back; a swapped victim takes
+    the CPU blocks for its (kept) computed tokens, which it fits by ``preempt``'s choice.
+    Blocks are conserved: what the GPU pool gets back and the CPU pool gives are exactly
+    what the victim held before and holds after.
+
+    pre: victim.num_computed_tokens >= 0
+    pre: free >= 0 and free_cpu >= 0
+    post: __return__[2] == free + blocks_held(victim.num_computed_tokens, config.block_size)
+    post: __return__[3] >= 0 and __return__[3] + (blocks_held(__return__[0].num_computed_tokens, config.block_size) if __return__[1] is PreemptionMode.SWAP else 0) == free_cpu
+    """  # noqa: E501
+    bs = config.block_size
+    free += blocks_held(victim.num_computed_tokens, bs)
+    after, mode = preempt(victim, config, free_cpu)
+    if mode is PreemptionMode.SWAP:
+        free_cpu -= blocks_held(after.num_computed_tokens, bs)
+    return after, mode, free, free_cpu
+
+
 # --- phase A: running requests (R5) ---------------------------------------------------
 
 
@@ -232,6 +260,7 @@ def schedule_running(draft: StepDraft) -> StepDraft:
     pre: draft.scheduled == () and draft.preempted == () and draft.swapped_in == ()
     post: draft_violations(draft, __return__) == ()
     post: [c.request_id for c in __return__.scheduled] == [r.request_id for r in __return__.state.running[: len(__return__.scheduled)]] and len(__return__.state.running) + len(__return__.preempted) == len(draft.state.running)
+    post: [r.request_id for r in __return__.state.waiting] == [p.request_id for p in reversed(__return__.preempted) if p.mode is not PreemptionMode.SWAP] + [r.request_id for r in draft.state.waiting] and [r.request_id for r in __return__.state.swapped] == [r.request_id for r in draft.state.swapped] + [p.request_id for p in __return__.preempted if p.mode is PreemptionMode.SWAP]
     """  # noqa: E501
     state = draft.state
     config = state.config
@@ -255,11 +284,9 @@ def schedule_running(draft: StepDraft) -> StepDraft:
         while need > free:
             k = choose_victim(policy, tuple(running), i)
             victim = running.pop(k)
-            free += blocks_held(victim.num_computed_tokens, bs)
-            after, mode = preempt(victim, config, free_cpu)
+            after, mode, free, free_cpu = release_victim(victim, config, free, free_cpu)
             preempted.append(Preemption(request_id=victim.request_id, mode=mode))
             if mode is PreemptionMode.SWAP:
-                free_cpu -= blocks_held(after.num_computed_tokens, bs)
                 to_swapped.append(after)
             else:
                 to_waiting.append(after)
@@ -294,6 +321,25 @@ def schedule_running(draft: StepDraft) -> StepDraft:
 
 
 # --- phase B: swapping in (R7) ---------------------------------------------------------
+
+
+def prefill_fit(request: RequestState, budget: int, free: int, config: SchedulerConfig) -> int:
+    """R7 steps 2-3 and R8 steps 2-3: the chunk a swapped or waiting request gets, or 0.
+
+    ``n = chunk_for_prefill(num_tokens - computed, budget, chunked)``; it does not fit
+    (0) if ``n > budget`` (an unchunked prefill larger than what is left) or if its
+    ``cdiv(computed + n, bs)`` GPU blocks (a waiting request has ``computed == 0``; a
+    swapped one gets back the blocks of its computed prefix too) exceed ``free``.
+
+    pre: budget >= 1 and free >= 0
+    pre: 0 <= request.num_computed_tokens < request.num_tokens
+    post: __return__ == 0 or (1 <= __return__ <= min(budget, request.num_tokens - request.num_computed_tokens) and blocks_held(request.num_computed_tokens + __return__, config.block_size) <= free)
+    """  # noqa: E501
+    computed = request.num_computed_tokens
+    n = chunk_for_prefill(request.num_tokens - computed, budget, config.enable_chunked_prefill)
+    if n > budget or blocks_held(computed + n, config.block_size) > free:
+        return 0
+    return n
 
 
 def swap_in_requests(draft: StepDraft) -> StepDraft:
@@ -332,13 +378,11 @@ def swap_in_requests(draft: StepDraft) -> StepDraft:
     for request in state.swapped:
         if len(moved) >= room or budget == 0:
             break
+        n = prefill_fit(request, budget, free, config)
+        if n == 0:
+            break
         computed = request.num_computed_tokens
-        n = chunk_for_prefill(request.num_tokens - computed, budget, config.enable_chunked_prefill)
-        if n > budget:
-            break
         gpu_blocks = blocks_held(computed + n, bs)
-        if gpu_blocks > free:
-            break
         free_cpu += blocks_held(computed, bs)
         free -= gpu_blocks
         budget -= n
@@ -386,7 +430,7 @@ def admit_waiting(draft: StepDraft) -> StepDraft:
     pre: kv_conserved_mid_step(draft.state, draft.scheduled)
     pre: 0 <= draft.budget <= draft.state.config.max_num_batched_tokens
     post: draft_violations(draft, __return__) == ()
-    post: [r.request_id for r in __return__.state.waiting] == [r.request_id for r in draft.state.waiting if r.request_id not in {c.request_id for c in __return__.scheduled}]
+    post: [r.request_id for r in __return__.state.waiting] == [r.request_id for r in draft.state.waiting if r.request_id not in {c.request_id for c in __return__.scheduled}] and (__return__ == draft or not (draft.preempted or draft.state.swapped))
     """  # noqa: E501
     state = draft.state
     if draft.preempted or state.swapped or not state.waiting:
@@ -402,12 +446,10 @@ def admit_waiting(draft: StepDraft) -> StepDraft:
     for request in policy.order_waiting(state.waiting):
         if len(running) >= config.max_num_seqs or budget == 0:
             break
-        n = chunk_for_prefill(request.num_tokens, budget, config.enable_chunked_prefill)
-        if n > budget:
+        n = prefill_fit(request, budget, free, config)
+        if n == 0:
             break
         gpu_blocks = cdiv(n, bs)
-        if gpu_blocks > free:
-            break
         # The default gate never refuses; skip building the view it would ignore.
         if policy.can_admit is not always_admit and not policy.can_admit(
             _admission_view(state, running, admitted, free), request, n
@@ -551,11 +593,11 @@ def complete_step(
     one, even for an empty step.
 
     pre: plan_matches(state_mid, plan)
-    post: __return__[0].num_steps == state_mid.num_steps + 1
-    post: len(__return__[1].sampled) == len(tokens)
-    post: len(__return__[0].running) + len(__return__[1].finished) == len(state_mid.running)
+    post: __return__[0].num_free_gpu_blocks + blocks_in_use(__return__[0])[0] == state_mid.num_free_gpu_blocks + blocks_in_use(state_mid, plan.scheduled)[0] and __return__[0].num_free_gpu_blocks >= state_mid.num_free_gpu_blocks and (__return__[0].num_free_cpu_blocks, __return__[0].swapped, __return__[0].waiting) == (state_mid.num_free_cpu_blocks, state_mid.swapped, state_mid.waiting)
+    post: outputs_extended(state_mid, tokens, __return__[0], __return__[1].finished) and len(__return__[1].sampled) == len(tokens)
+    post: all(len(r.output_token_ids) < r.request.params.max_tokens and not eos_sampled(r) for r in __return__[0].running) and __return__[0].num_steps == state_mid.num_steps + 1
     raises: SampledTokensError
-    """
+    """  # noqa: E501
     by_id = _running_by_id(state_mid)
     bs = state_mid.config.block_size
     updated: dict[str, RequestState | None] = {}
