@@ -220,9 +220,7 @@ def abort_request(state: SchedulerState, request_id: str) -> tuple[SchedulerStat
     not live raises ``UnknownRequestError`` and changes nothing.
 
     pre: check_state(state)
-    post: check_state(__return__[0])
-    post: (__return__[0].num_free_gpu_blocks, __return__[0].num_free_cpu_blocks) == (state.num_free_gpu_blocks + blocks_owned(state, request_id)[0], state.num_free_cpu_blocks + blocks_owned(state, request_id)[1])
-    post: live_request_ids(__return__[0]) == tuple(rid for rid in live_request_ids(state) if rid != request_id) and (__return__[1].request_id, __return__[1].finish_reason) == (request_id, FinishReason.ABORTED) and [(__return__[1].output_token_ids, __return__[1].num_preemptions)] == [(r.output_token_ids, r.num_preemptions) for r in (*state.waiting, *state.running, *state.swapped) if r.request_id == request_id]
+    post: (check_state(__return__[0])) and ((__return__[0].num_free_gpu_blocks, __return__[0].num_free_cpu_blocks) == (state.num_free_gpu_blocks + blocks_owned(state, request_id)[0], state.num_free_cpu_blocks + blocks_owned(state, request_id)[1])) and (live_request_ids(__return__[0]) == tuple(rid for rid in live_request_ids(state) if rid != request_id) and (__return__[1].request_id, __return__[1].finish_reason) == (request_id, FinishReason.ABORTED) and [(__return__[1].output_token_ids, __return__[1].num_preemptions)] == [(r.output_token_ids, r.num_preemptions) for r in (*state.waiting, *state.running, *state.swapped) if r.request_id == request_id])
     raises: UnknownRequestError
     """  # noqa: E501
     where = find_request(state, request_id)

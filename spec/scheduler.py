@@ -258,9 +258,7 @@ def schedule_running(draft: StepDraft) -> StepDraft:
     pre: check_state(draft.state)
     pre: draft.budget == draft.state.config.max_num_batched_tokens
     pre: draft.scheduled == () and draft.preempted == () and draft.swapped_in == ()
-    post: draft_violations(draft, __return__) == ()
-    post: [c.request_id for c in __return__.scheduled] == [r.request_id for r in __return__.state.running[: len(__return__.scheduled)]] and len(__return__.state.running) + len(__return__.preempted) == len(draft.state.running)
-    post: [r.request_id for r in __return__.state.waiting] == [p.request_id for p in reversed(__return__.preempted) if p.mode is not PreemptionMode.SWAP] + [r.request_id for r in draft.state.waiting] and [r.request_id for r in __return__.state.swapped] == [r.request_id for r in draft.state.swapped] + [p.request_id for p in __return__.preempted if p.mode is PreemptionMode.SWAP]
+    post: (draft_violations(draft, __return__) == ()) and ([c.request_id for c in __return__.scheduled] == [r.request_id for r in __return__.state.running[: len(__return__.scheduled)]] and len(__return__.state.running) + len(__return__.preempted) == len(draft.state.running)) and ([r.request_id for r in __return__.state.waiting] == [p.request_id for p in reversed(__return__.preempted) if p.mode is not PreemptionMode.SWAP] + [r.request_id for r in draft.state.waiting] and [r.request_id for r in __return__.state.swapped] == [r.request_id for r in draft.state.swapped] + [p.request_id for p in __return__.preempted if p.mode is PreemptionMode.SWAP])
     """  # noqa: E501
     state = draft.state
     config = state.config
@@ -361,8 +359,7 @@ def swap_in_requests(draft: StepDraft) -> StepDraft:
 
     pre: kv_conserved_mid_step(draft.state, draft.scheduled)
     pre: 0 <= draft.budget <= draft.state.config.max_num_batched_tokens
-    post: draft_violations(draft, __return__) == ()
-    post: __return__.swapped_in == draft.swapped_in + tuple(r.request_id for r in draft.state.swapped[: len(__return__.swapped_in) - len(draft.swapped_in)])
+    post: (draft_violations(draft, __return__) == ()) and (__return__.swapped_in == draft.swapped_in + tuple(r.request_id for r in draft.state.swapped[: len(__return__.swapped_in) - len(draft.swapped_in)]))
     """  # noqa: E501
     state = draft.state
     if draft.preempted or not state.swapped:
@@ -429,8 +426,7 @@ def admit_waiting(draft: StepDraft) -> StepDraft:
 
     pre: kv_conserved_mid_step(draft.state, draft.scheduled)
     pre: 0 <= draft.budget <= draft.state.config.max_num_batched_tokens
-    post: draft_violations(draft, __return__) == ()
-    post: [r.request_id for r in __return__.state.waiting] == [r.request_id for r in draft.state.waiting if r.request_id not in {c.request_id for c in __return__.scheduled}] and (__return__ == draft or not (draft.preempted or draft.state.swapped))
+    post: (draft_violations(draft, __return__) == ()) and ([r.request_id for r in __return__.state.waiting] == [r.request_id for r in draft.state.waiting if r.request_id not in {c.request_id for c in __return__.scheduled}] and (__return__ == draft or not (draft.preempted or draft.state.swapped)))
     """  # noqa: E501
     state = draft.state
     if draft.preempted or state.swapped or not state.waiting:
@@ -494,8 +490,7 @@ def schedule(state: SchedulerState) -> tuple[SchedulerState, StepPlan]:
     only to ``sampling_request_ids`` and ``complete_step``.
 
     pre: check_state(state)
-    post: plan_tokens(__return__[1]) <= state.config.max_num_batched_tokens and __return__[1].step == state.num_steps and __return__[1].sampled == () and __return__[1].finished == () and (not __return__[1].preempted or __return__[1].swapped_in == ())
-    post: kv_conserved_mid_step(__return__[0], __return__[1].scheduled) and live_ids_sorted(__return__[0]) == live_ids_sorted(state)
+    post: (plan_tokens(__return__[1]) <= state.config.max_num_batched_tokens and __return__[1].step == state.num_steps and __return__[1].sampled == () and __return__[1].finished == () and (not __return__[1].preempted or __return__[1].swapped_in == ())) and (kv_conserved_mid_step(__return__[0], __return__[1].scheduled) and live_ids_sorted(__return__[0]) == live_ids_sorted(state))
     """  # noqa: E501
     draft = StepDraft(state=state, budget=state.config.max_num_batched_tokens)
     draft = admit_waiting(swap_in_requests(schedule_running(draft)))
@@ -593,9 +588,7 @@ def complete_step(
     one, even for an empty step.
 
     pre: plan_matches(state_mid, plan)
-    post: __return__[0].num_free_gpu_blocks + blocks_in_use(__return__[0])[0] == state_mid.num_free_gpu_blocks + blocks_in_use(state_mid, plan.scheduled)[0] and __return__[0].num_free_gpu_blocks >= state_mid.num_free_gpu_blocks and (__return__[0].num_free_cpu_blocks, __return__[0].swapped, __return__[0].waiting) == (state_mid.num_free_cpu_blocks, state_mid.swapped, state_mid.waiting)
-    post: outputs_extended(state_mid, tokens, __return__[0], __return__[1].finished) and len(__return__[1].sampled) == len(tokens)
-    post: all(len(r.output_token_ids) < r.request.params.max_tokens and not eos_sampled(r) for r in __return__[0].running) and __return__[0].num_steps == state_mid.num_steps + 1
+    post: (__return__[0].num_free_gpu_blocks + blocks_in_use(__return__[0])[0] == state_mid.num_free_gpu_blocks + blocks_in_use(state_mid, plan.scheduled)[0] and __return__[0].num_free_gpu_blocks >= state_mid.num_free_gpu_blocks and (__return__[0].num_free_cpu_blocks, __return__[0].swapped, __return__[0].waiting) == (state_mid.num_free_cpu_blocks, state_mid.swapped, state_mid.waiting)) and (outputs_extended(state_mid, tokens, __return__[0], __return__[1].finished) and len(__return__[1].sampled) == len(tokens)) and (all(len(r.output_token_ids) < r.request.params.max_tokens and not eos_sampled(r) for r in __return__[0].running) and __return__[0].num_steps == state_mid.num_steps + 1)
     raises: SampledTokensError
     """  # noqa: E501
     by_id = _running_by_id(state_mid)
@@ -686,8 +679,7 @@ def step(
     ``next_token(prompt + outputs so far) -> token`` called once per sampling request.
 
     pre: check_state(state)
-    post: check_state(__return__[0])
-    post: check_plan(state, __return__[1], __return__[0]) and __return__[1].step == state.num_steps and __return__[0].num_steps == state.num_steps + 1 and plan_tokens(__return__[1]) <= state.config.max_num_batched_tokens
+    post: (check_state(__return__[0])) and (check_plan(state, __return__[1], __return__[0]) and __return__[1].step == state.num_steps and __return__[0].num_steps == state.num_steps + 1 and plan_tokens(__return__[1]) <= state.config.max_num_batched_tokens)
     raises: SampledTokensError
     """  # noqa: E501
     state_mid, plan = schedule(state)

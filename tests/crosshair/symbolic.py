@@ -79,6 +79,8 @@ _T = TypeVar("_T")
 
 QUEUE_GROWS = 0.7
 """The chance that a queue being built gets one more request (up to its bound)."""
+OTHER_QUEUES_GROW = 0.3
+"""... and a queue other than the state's focus, for a ``SchedulerState`` argument."""
 POOL_FULL = 0.5
 """The chance that a state's GPU pool has no free block."""
 
@@ -197,15 +199,16 @@ def make_config(p: SymbolicFactory) -> SchedulerConfig:
 
 
 def _queue_lengths(
-    p: SymbolicFactory, mode: PreemptionMode, focus: str | None
+    p: SymbolicFactory, mode: PreemptionMode, focus: str | None, grows: float
 ) -> tuple[int, int, int]:
     """Concrete queue lengths; only swap mode ever has swapped requests (R6).
 
     The ``focus`` queue (if any) gets at least one request, and with a waiting focus
-    ``swapped`` stays empty (no admission while a request is swapped, R8).
+    ``swapped`` stays empty (no admission while a request is swapped, R8). Each queue
+    gets one more request with probability ``grows`` (``QUEUE_GROWS`` for the focus).
     """
     lengths: list[int] = []
-    live = 0
+    live = 1 if focus is not None else 0  # the focus queue's request, kept a place
     for name, most in (
         ("waiting", MAX_WAITING),
         ("running", MAX_RUNNING),
@@ -214,10 +217,11 @@ def _queue_lengths(
         limit = 0 if name == "swapped" and mode is not PreemptionMode.SWAP else most
         if name == "swapped" and focus == "waiting":
             limit = 0
-        length = 1 if name == focus and live < MAX_LIVE else 0
-        live += length
+        length = 1 if name == focus else 0
         while (
-            length < limit and live < MAX_LIVE and choose(p, f"_{name}_has_{length}", QUEUE_GROWS)
+            length < limit
+            and live < MAX_LIVE
+            and choose(p, f"_{name}_has_{length}", QUEUE_GROWS if name == focus else grows)
         ):
             length += 1
             live += 1
@@ -279,11 +283,22 @@ def _make_request(
 
 
 def make_state(p: SymbolicFactory) -> SchedulerState:
-    """A valid state between steps (``check_state``) within the sizes of ``spec.contracts``."""
-    return build_state(p, None)
+    """A valid state between steps (``check_state``) within the sizes of ``spec.contracts``.
+
+    On a quarter of the paths each, no queue or one queue is the focus, the others
+    mostly short: a transition that looks a request up by id (``abort_request``)
+    compares the ids of ``waiting``, then ``running``, then ``swapped``, each match a
+    fresh branch, so a swapped request is reached mostly when the queues before it
+    are empty (measured: with every queue alike, aborting a swapped request was too
+    rare to find its planted bug in the budget).
+    """
+    focus = choose_one(p, "_focus", (None, "waiting", "running", "swapped"))
+    return build_state(p, focus, QUEUE_GROWS if focus is None else OTHER_QUEUES_GROW)
 
 
-def build_state(p: SymbolicFactory, focus: str | None) -> SchedulerState:
+def build_state(
+    p: SymbolicFactory, focus: str | None, grows: float = QUEUE_GROWS
+) -> SchedulerState:
     """A valid state; with a ``focus`` queue, shaped for the phase that serves it.
 
     ``running``: at least one running request and a full GPU pool on 3 paths in 4
@@ -295,7 +310,7 @@ def build_state(p: SymbolicFactory, focus: str | None) -> SchedulerState:
     chunked = choose(p, "_enable_chunked_prefill", 0.5)
     mode = PreemptionMode.SWAP if focus == "swapped" else choose_mode(p)
     policy = choose_policy(p)
-    num_waiting, num_running, num_swapped = _queue_lengths(p, mode, focus)
+    num_waiting, num_running, num_swapped = _queue_lengths(p, mode, focus, grows)
     arrivals: list[int] = []
     queues: dict[str, tuple[RequestState, ...]] = {}
     index = 0
@@ -463,8 +478,32 @@ def make_prompt(p: SymbolicFactory, item_type: type) -> Sequence[int]:
     return tuple(p(int, f"_{i}") for i in range(length))
 
 
+def make_request_id(p: SymbolicFactory) -> str | None:
+    """An argument named ``request_id``: a live id of the state built before it on
+    half of the paths (each live one alike), else CrossHair's own symbolic string.
+
+    The spec looks an id up by comparing it with the live ids in queue order, each
+    match a fresh branch taken on a quarter of new paths (and the string's length is
+    fixed first, at the solver's first answer): an abort of the second swapped request
+    was reached on too few paths to find its planted bug in the budget. Any other
+    ``str`` argument (None here) is CrossHair's own.
+    """
+    if not p.varname.startswith("request_id"):
+        return None
+    with NoTracing():
+        built = p.space.extra(_BuiltStates)
+        state = built.states[-1] if built.states else None
+    if state is None:
+        return None
+    live = [r.request_id for r in (*state.waiting, *state.running, *state.swapped)]
+    if not live or not choose(p, "_is_live", 0.5):
+        return None
+    return choose_one(p, "_live", live)
+
+
 def make_sampling_params(p: SymbolicFactory) -> SamplingParams:
-    """Any scheduling parameters; ``temperature`` 0.0 and no ``seed``.
+    """Any scheduling parameters (``max_tokens`` in 1..``MAX_MAX_TOKENS`` on most paths);
+    ``temperature`` 0.0 and no ``seed``.
 
     The scheduler never reads those two (only the engine's sampler does), and a
     symbolic float can be NaN, which is not equal to itself: ``diffbehavior`` would
@@ -474,7 +513,11 @@ def make_sampling_params(p: SymbolicFactory) -> SamplingParams:
     eos: int | None = p(int | None, "_eos_token_id")
     ignore_eos: bool = p(bool, "_ignore_eos")
     priority: int = p(int, "_priority")
+    valid = choose(p, "_max_tokens_valid", 0.85)
     with ResumedTracing():
+        if valid:  # else a quarter of the paths of add_request end in InvalidMaxTokensError
+            prefer(p, max_tokens >= 1)
+            prefer(p, max_tokens <= MAX_MAX_TOKENS)
         return SamplingParams(
             max_tokens=max_tokens, eos_token_id=eos, ignore_eos=ignore_eos, priority=priority
         )
@@ -499,8 +542,9 @@ _REGISTERED: dict[type, Any] = {}
 
 
 def _replace_builder(typ: type, creator: Callable[..., Any]) -> None:
-    """Put ``creator`` in place of CrossHair's own builder for ``typ`` (``Mapping``
-    and ``Sequence`` have one), which it calls when the spec's shapes do not apply."""
+    """Put ``creator`` in place of CrossHair's own builder for ``typ`` (``Mapping``,
+    ``str``; ``Sequence`` has none), which it calls when the spec's shapes do not
+    apply (``creator`` returns None)."""
     original = crosshair.core._SIMPLE_PROXIES.pop(typ, None)
 
     def build(p: SymbolicFactory, *type_args: type) -> Any:
@@ -530,6 +574,7 @@ def register() -> None:
     replaced: tuple[tuple[type, Callable[..., Any]], ...] = (
         (collections.abc.Mapping, make_tokens),
         (collections.abc.Sequence, make_prompt),
+        (str, make_request_id),
     )
     for abstract, builder in replaced:
         if abstract not in _REGISTERED:
