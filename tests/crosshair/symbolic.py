@@ -35,8 +35,8 @@ This module imports CrossHair, so it is loaded only by CrossHair runs:
 from __future__ import annotations
 
 import collections.abc
-from collections.abc import Callable, Mapping, Sequence
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any, TypeVar, cast
 
 import crosshair
@@ -60,6 +60,7 @@ from spec.kv import blocks_held, largest_prefill, max_cached_tokens
 from spec.policies import POLICIES, Policy
 from spec.scheduler import StepDraft, sampling_request_ids, schedule
 from spec.types import (
+    ConfigError,
     PreemptionMode,
     Request,
     RequestState,
@@ -142,6 +143,8 @@ def choose(p: SymbolicFactory, suffix: str, probability: float) -> bool:
     probability the builder asks for, so that every shape gets its share of paths.
     """
     value: Any = p(bool, suffix)  # a SymbolicBool: its solver variable is ``.var``
+    if not hasattr(value, "var"):  # CrossHair sometimes hands out a plain bool
+        return bool(value)
     with NoTracing():
         chosen: bool = p.space.choose_possible(value.var, probability_true=probability)
     return chosen
@@ -296,6 +299,25 @@ def make_state(p: SymbolicFactory) -> SchedulerState:
     return build_state(p, focus, QUEUE_GROWS if focus is None else OTHER_QUEUES_GROW)
 
 
+@contextmanager
+def _dropped_if_inconsistent() -> Iterator[None]:
+    """Drop the path (``IgnoreAttempt``) if building the state fails.
+
+    The constraints added are satisfiable together, but the solver's queries have a
+    wall-clock timeout: on a loaded machine one can give up, after which the path's
+    constraints may be inconsistent and a value the constraints keep positive comes
+    out as 0 (seen under a load of 11: ``ConfigError`` for ``num_gpu_blocks``, whose
+    message's ``repr`` of the symbolic value then recursed without end). Such a path
+    is no input at all; without this, it would stop the whole CrossHair process.
+    """
+    try:
+        yield
+    except (ConfigError, ZeroDivisionError, RecursionError) as error:
+        raise IgnoreAttempt(
+            f"inconsistent path while building a state: {type(error).__name__}"
+        ) from None
+
+
 def build_state(
     p: SymbolicFactory, focus: str | None, grows: float = QUEUE_GROWS
 ) -> SchedulerState:
@@ -332,7 +354,7 @@ def build_state(
     max_num_seqs = bounded_int(p, "_max_num_seqs", max(1, num_running))
     next_arrival = bounded_int(p, "_next_arrival", 0)
     num_steps = bounded_int(p, "_num_steps", 0)
-    with ResumedTracing():
+    with ResumedTracing(), _dropped_if_inconsistent():
         state = _assemble_state(
             p,
             queues,
