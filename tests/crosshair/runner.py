@@ -63,6 +63,18 @@ BUDGET_HEAVY = 8.0
 """CPU seconds per postcondition for functions of whole states (``SchedulerState``...)."""
 BUDGET_DIFF = 3.0
 """CPU seconds per ``diffbehavior`` pair."""
+
+
+def path_timeout_args(budget: float) -> list[str]:
+    """The per-path timeout: the whole budget rather than CrossHair's default √budget.
+
+    The per-path timeout is CPU time, but the solver's per-query timeout is half of it in
+    *wall* time: at √8 s a loaded machine (load 11 on 2 cores) gave up on enough
+    queries that paths were dropped and a planted bug found at load 3 was missed.
+    """
+    return [f"--per_path_timeout={budget}"]
+
+
 PROCESS_TIMEOUT = 540.0
 """Wall seconds after which one CrossHair process is killed (an error)."""
 
@@ -261,6 +273,7 @@ def check_command(names: Iterable[str], budget: float) -> list[str]:
         PLUGIN,
         "--report_all",
         f"--per_condition_timeout={budget}",
+        *path_timeout_args(budget),
     ]
 
 
@@ -275,6 +288,7 @@ def crosshair_check(targets: Iterable[Target], budget: float, timeout: float) ->
         PLUGIN,
         "--report_all",
         f"--per_condition_timeout={budget}",
+        *path_timeout_args(budget),
     ]
     return run(command, timeout)
 

@@ -206,12 +206,14 @@ def _queue_lengths(
 ) -> tuple[int, int, int]:
     """Concrete queue lengths; only swap mode ever has swapped requests (R6).
 
-    The ``focus`` queue (if any) gets at least one request, and with a waiting focus
+    The ``focus`` queue (if any) gets at least one request (two running: a preemption
+    needs a victim other than the head, which fits alone, R4), and with a waiting focus
     ``swapped`` stays empty (no admission while a request is swapped, R8). Each queue
     gets one more request with probability ``grows`` (``QUEUE_GROWS`` for the focus).
     """
     lengths: list[int] = []
-    live = 1 if focus is not None else 0  # the focus queue's request, kept a place
+    least = {"running": 2}.get(focus or "", 1) if focus is not None else 0
+    live = least  # the focus queue's requests, kept their places
     for name, most in (
         ("waiting", MAX_WAITING),
         ("running", MAX_RUNNING),
@@ -220,7 +222,7 @@ def _queue_lengths(
         limit = 0 if name == "swapped" and mode is not PreemptionMode.SWAP else most
         if name == "swapped" and focus == "waiting":
             limit = 0
-        length = 1 if name == focus else 0
+        length = least if name == focus else 0
         while (
             length < limit
             and live < MAX_LIVE
@@ -323,7 +325,7 @@ def build_state(
 ) -> SchedulerState:
     """A valid state; with a ``focus`` queue, shaped for the phase that serves it.
 
-    ``running``: at least one running request and a full GPU pool on 3 paths in 4
+    ``running``: at least two running requests and a full GPU pool on 3 paths in 4
     (phase A preempts); ``swapped``: swap mode with a swapped request (phase B swaps
     in); ``waiting``: a waiting request and nothing swapped (phase C admits). Without
     a focus, every mode and a full pool on ``POOL_FULL`` of the paths.
