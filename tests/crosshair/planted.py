@@ -276,13 +276,20 @@ PLANTED: tuple[PlantedBug, ...] = (
 def plant(bug: PlantedBug, into: Path) -> Path:
     """Copy ``spec/`` into ``into/spec`` with ``bug`` applied; return the edited file.
 
-    ``into`` also gets a link to ``tests/`` (the plugin and the driver), so CrossHair
+    ``into`` also gets a copy of ``impl/`` and ``model/`` and a link to ``tests/`` (the
+    plugin and the driver), so CrossHair
     run with ``into`` as its working directory and ``PYTHONPATH`` imports the copy:
     both ``python -m`` and CrossHair put the working directory first on ``sys.path``.
     ``ValueError`` if the edit does not match the source exactly once.
     """
     copy = into / "spec"
     shutil.copytree(ROOT / "spec", copy, ignore=shutil.ignore_patterns("__pycache__"))
+    # Copied, not linked: ``spec/_clash.py`` fails the import unless ``impl`` and
+    # ``model`` resolve to folders beside the copy's ``spec``.
+    for package in ("impl", "model"):
+        shutil.copytree(
+            ROOT / package, into / package, ignore=shutil.ignore_patterns("__pycache__")
+        )
     (into / "tests").symlink_to(ROOT / "tests", target_is_directory=True)
     path = copy / bug.file
     source = path.read_text()
