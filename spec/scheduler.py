@@ -563,10 +563,12 @@ def admit_waiting(draft: StepDraft) -> StepDraft:
         request = candidate
         if len(chunks) >= seats or budget == 0:
             break
-        tokens = request_tokens(request)
-        hit = () if cache is None else longest_hit(cache, tokens, bs)  # PC3
+        hit: tuple[int, ...] = ()
+        evictable = 0
+        if cache is not None:  # PC3, and PC4: the hit blocks that sit in the free queue
+            hit = longest_hit(cache, request_tokens(request), bs)
+            evictable = num_evictable(cache, hit)
         start = len(hit) * bs
-        evictable = 0 if cache is None else num_evictable(cache, hit)  # PC4: hit blocks free
         n = prefill_fit(
             request, config, start=start, num_hit=len(hit), budget=budget, free=free - evictable
         )
@@ -583,7 +585,7 @@ def admit_waiting(draft: StepDraft) -> StepDraft:
         if cache is not None:  # PC4: touch the hit before taking new blocks (PC5), PC2
             cache, new = take(touch(cache, hit), gpu_blocks)
             block_ids = (*hit, *new)
-            cache = give_keys(cache, tokens, block_ids, start + n, bs)
+            cache = give_keys(cache, request_tokens(request), block_ids, start + n, bs)
             request = replace(candidate, num_computed_tokens=start, block_ids=block_ids)
         running.append(request)
         admitted.add(request.request_id)
