@@ -14,7 +14,7 @@ that ``schedule`` returns is not a state between steps and is not checked here.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from spec.kv import blocks_held
 from spec.policies import is_registered
@@ -28,6 +28,7 @@ from spec.profiles import (
     too_large,
 )
 from spec.types import (
+    FinishedRequest,
     FinishReason,
     PreemptionMode,
     RequestState,
@@ -59,13 +60,8 @@ def _queue_violations(state: SchedulerState) -> list[str]:
 def _kv_violations(state: SchedulerState) -> list[str]:
     """R2: free + owned == total on both pools, and nothing below zero."""
     config = state.config
-    bs = config.block_size
     found: list[str] = []
-    if state.prefix_cache is None:
-        gpu_owned = sum(blocks_held(max(r.num_computed_tokens, 0), bs) for r in state.running)
-    else:  # PC1: a shared block is counted once
-        gpu_owned = len({b for r in state.running for b in r.block_ids})
-    cpu_owned = sum(blocks_held(max(r.num_computed_tokens, 0), bs) for r in state.swapped)
+    gpu_owned, cpu_owned = blocks_in_use(state)
     pools = (
         ("GPU", state.num_free_gpu_blocks, gpu_owned, config.num_gpu_blocks),
         ("CPU", state.num_free_cpu_blocks, cpu_owned, config.num_cpu_blocks),
@@ -114,11 +110,7 @@ def _request_violations(state: SchedulerState, queue: str, request: RequestState
             f"R10: {queue} request {rid!r} has {len(request.output_token_ids)} outputs "
             f">= max_tokens {params.max_tokens} but did not finish"
         )
-    if (
-        not params.ignore_eos
-        and params.eos_token_id is not None
-        and params.eos_token_id in request.output_token_ids
-    ):
+    if eos_sampled(request):
         found.append(f"R10: {queue} request {rid!r} sampled EOS but did not finish")
     if request.num_preemptions < 0:
         found.append(f"R6: {queue} request {rid!r} has num_preemptions < 0")
@@ -214,33 +206,52 @@ def check_state(state: SchedulerState) -> bool:
     return not state_violations(state)
 
 
+def blocks_in_use(
+    state: SchedulerState, scheduled: tuple[ScheduledChunk, ...] = ()
+) -> tuple[int, int]:
+    """R2: the ``(GPU, CPU)`` blocks the live requests own, with ``scheduled`` holding theirs.
+
+    A running request owns ``cdiv(computed + n, bs)`` GPU blocks while its chunk of ``n``
+    tokens is scheduled (in the middle of a step) and ``cdiv(computed, bs)`` otherwise; a
+    swapped one ``cdiv(computed, bs)`` CPU blocks; a waiting one none. With prefix
+    caching on, the GPU blocks are the distinct ids the running requests hold (a
+    shared block counted once, PC1; a scheduled chunk's blocks are in its request's
+    ``block_ids`` already).
+    """
+    bs = state.config.block_size
+    if state.prefix_cache is None:
+        chunk_of = {chunk.request_id: chunk.num_tokens for chunk in scheduled}
+        gpu = sum(
+            blocks_held(max(r.num_computed_tokens + chunk_of.get(r.request_id, 0), 0), bs)
+            for r in state.running
+        )
+    else:
+        gpu = len({b for r in state.running for b in r.block_ids})
+    cpu = sum(blocks_held(max(r.num_computed_tokens, 0), bs) for r in state.swapped)
+    return gpu, cpu
+
+
 def kv_conserved_mid_step(state_mid: SchedulerState, scheduled: tuple[ScheduledChunk, ...]) -> bool:
     """R2 in the middle of a step: blocks are conserved once the chunks hold theirs.
 
     During phases A-C a scheduled running request already owns the blocks of its
-    chunk, ``cdiv(computed + n, bs)``, and an unscheduled one ``cdiv(computed, bs)``;
-    a swapped one owns ``cdiv(computed, bs)`` CPU blocks. Both pools then have
-    ``free >= 0`` and ``free + owned == total``, every chunk names a different running
-    request, and at most ``max_num_seqs`` requests run (except under
-    nano-vllm/seq-limit-per-step). (Between steps, with no chunk, this is the R2 part of
-    ``state_violations``.)
+    chunk (``blocks_in_use``). Both pools then have ``free >= 0`` and ``free + owned ==
+    total``, every chunk names a different running request, and at most
+    ``max_num_seqs`` requests run (except under nano-vllm/seq-limit-per-step). With
+    prefix caching on, the pool is consistent too (PC1, PC9, a scheduled request
+    holding the blocks of its chunk). (Between steps, with no chunk, this is the R2
+    part of ``state_violations``.)
     """
     config = state_mid.config
-    bs = config.block_size
-    chunk_of = {chunk.request_id: chunk.num_tokens for chunk in scheduled}
+    chunk_ids = {chunk.request_id for chunk in scheduled}
     running_ids = {r.request_id for r in state_mid.running}
-    if len(chunk_of) != len(scheduled) or not chunk_of.keys() <= running_ids:
+    if len(chunk_ids) != len(scheduled) or not chunk_ids <= running_ids:
         return False
-    if state_mid.prefix_cache is None:
-        gpu_owned = sum(
-            blocks_held(max(r.num_computed_tokens + chunk_of.get(r.request_id, 0), 0), bs)
-            for r in state_mid.running
-        )
-    elif _prefix_cache_violations(state_mid, chunk_of):
+    if state_mid.prefix_cache is not None and _prefix_cache_violations(
+        state_mid, {chunk.request_id: chunk.num_tokens for chunk in scheduled}
+    ):
         return False
-    else:
-        gpu_owned = len({b for r in state_mid.running for b in r.block_ids})
-    cpu_owned = sum(blocks_held(max(r.num_computed_tokens, 0), bs) for r in state_mid.swapped)
+    gpu_owned, cpu_owned = blocks_in_use(state_mid, scheduled)
     return (
         state_mid.num_free_gpu_blocks >= 0
         and state_mid.num_free_cpu_blocks >= 0
@@ -248,6 +259,45 @@ def kv_conserved_mid_step(state_mid: SchedulerState, scheduled: tuple[ScheduledC
         and state_mid.num_free_cpu_blocks + cpu_owned == config.num_cpu_blocks
         and (not running_capped(config) or len(state_mid.running) <= config.max_num_seqs)
     )
+
+
+def eos_sampled(request: RequestState) -> bool:
+    """R10: whether the request's outputs hold its EOS token and it does not ignore EOS
+    (it should then have finished)."""
+    params = request.request.params
+    return (
+        not params.ignore_eos
+        and params.eos_token_id is not None
+        and params.eos_token_id in request.output_token_ids
+    )
+
+
+def outputs_extended(
+    state_mid: SchedulerState,
+    tokens: Mapping[str, int],
+    after: SchedulerState,
+    finished: tuple[FinishedRequest, ...],
+) -> bool:
+    """R1, R3, R10 across phase D: every running request of ``state_mid`` is, after it,
+    either still running (in the same order) or finished, not both; its outputs are
+    its outputs before plus its token from ``tokens`` if it sampled one (outputs are
+    only appended, one per sampling request); and nothing else appears in ``running``.
+    """
+    outputs_of = {r.request_id: r.output_token_ids for r in after.running}
+    outputs_of_finished = {f.request_id: f.output_token_ids for f in finished}
+    if len(outputs_of) != len(after.running) or outputs_of.keys() & outputs_of_finished.keys():
+        return False
+    if [r.request_id for r in after.running] != [
+        r.request_id for r in state_mid.running if r.request_id in outputs_of
+    ]:
+        return False
+    for request in state_mid.running:
+        rid = request.request_id
+        got = outputs_of.get(rid, outputs_of_finished.get(rid))
+        sampled = (tokens[rid],) if rid in tokens else ()
+        if got != (*request.output_token_ids, *sampled):
+            return False
+    return len(outputs_of) + len(outputs_of_finished) == len(state_mid.running)
 
 
 def live_ids_sorted(state: SchedulerState) -> list[str]:

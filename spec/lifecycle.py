@@ -222,6 +222,24 @@ def blocks_owned(state: SchedulerState, request_id: str) -> tuple[int, int]:
     return 0, 0
 
 
+def blocks_freed(state: SchedulerState, request_id: str) -> tuple[int, int]:
+    """``(gpu, cpu)`` blocks that come free when the live request leaves (R2, PC6).
+
+    ``blocks_owned``, but with prefix caching on only the request's GPU blocks that no
+    other running request holds: a shared block stays in use (counted once, PC1).
+
+    pre: check_state(state)
+    post: 0 <= __return__[0] <= blocks_owned(state, request_id)[0]
+    post: __return__[1] == blocks_owned(state, request_id)[1]
+    """
+    gpu, cpu = blocks_owned(state, request_id)
+    if state.prefix_cache is None or gpu == 0:
+        return gpu, cpu
+    others = holders(tuple(r for r in state.running if r.request_id != request_id))
+    (request,) = (r for r in state.running if r.request_id == request_id)
+    return len(set(request.block_ids) - others.keys()), cpu
+
+
 def _without(queue: tuple[RequestState, ...], index: int) -> tuple[RequestState, ...]:
     return queue[:index] + queue[index + 1 :]
 
@@ -236,9 +254,7 @@ def abort_request(state: SchedulerState, request_id: str) -> tuple[SchedulerStat
     not live raises ``UnknownRequestError`` and changes nothing.
 
     pre: check_state(state)
-    post: check_state(__return__[0])
-    post: state.prefix_cache is not None or (__return__[0].num_free_gpu_blocks, __return__[0].num_free_cpu_blocks) == (state.num_free_gpu_blocks + blocks_owned(state, request_id)[0], state.num_free_cpu_blocks + blocks_owned(state, request_id)[1])
-    post: live_request_ids(__return__[0]) == tuple(rid for rid in live_request_ids(state) if rid != request_id) and (__return__[1].request_id, __return__[1].finish_reason) == (request_id, FinishReason.ABORTED)
+    post: (check_state(__return__[0])) and ((__return__[0].num_free_gpu_blocks, __return__[0].num_free_cpu_blocks) == (state.num_free_gpu_blocks + blocks_freed(state, request_id)[0], state.num_free_cpu_blocks + blocks_freed(state, request_id)[1])) and (live_request_ids(__return__[0]) == tuple(rid for rid in live_request_ids(state) if rid != request_id) and (__return__[1].request_id, __return__[1].finish_reason) == (request_id, FinishReason.ABORTED) and [(__return__[1].output_token_ids, __return__[1].num_preemptions)] == [(r.output_token_ids, r.num_preemptions) for r in (*state.waiting, *state.running, *state.swapped) if r.request_id == request_id])
     raises: UnknownRequestError
     """  # noqa: E501
     where = find_request(state, request_id)

@@ -300,7 +300,8 @@ def pool_violations(
                 if counts[held] > 1:
                     found.append(f"PC9: block {held} is shared but has no key")
                 continue
-            if (index + 1) * block_size > computed or held_key != block_key(
+            # min: a malformed request computed past its tokens is reported, not indexed
+            if (index + 1) * block_size > min(computed, len(tokens)) or held_key != block_key(
                 tokens, index, block_size
             ):
                 found.append(

@@ -24,10 +24,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
 from spec.invariants import (  # noqa: F401  (used by the PEP 316 contracts)
+    blocks_in_use,
     check_plan,
     check_state,
+    eos_sampled,
     kv_conserved_mid_step,
     live_ids_sorted,
+    outputs_extended,
 )
 from spec.kv import blocks_held, blocks_needed, cdiv, chunk_for_prefill
 from spec.policies import Policy, always_admit, get_policy, priority_victim, select_victim
@@ -215,6 +218,48 @@ def preempt(
     return recompute(victim), PreemptionMode.RECOMPUTE
 
 
+def release_victim(
+    victim: RequestState,
+    held: int,
+    config: SchedulerConfig,
+    *,
+    free: int,
+    free_cpu: int,
+    cache: PrefixCacheState | None = None,
+    others: tuple[RequestState, ...] = (),
+) -> tuple[RequestState, PreemptionMode, int, int, PrefixCacheState | None]:
+    """R6 with its block accounting: preempt a running ``victim`` whose GPU blocks hold
+    ``held`` tokens when ``free`` GPU and ``free_cpu`` CPU blocks are free; return it
+    after, the mode used, the free counts after and the block pool after.
+
+    ``held`` is its computed count, plus its chunk of this step when that chunk is
+    undone (vllm-v1/priority-victim-any-running). With prefix caching off all its
+    ``cdiv(held, bs)`` GPU blocks are given back; with it on (``cache``, PC6, PC7) its
+    ``block_ids`` that none of ``others`` (the other running requests) holds join the
+    free queue, and it holds none after. A swapped victim takes the CPU blocks for its
+    (kept) computed tokens, which it fits by ``preempt``'s choice. Blocks are
+    conserved: what the GPU pool gets back and the CPU pool gives are exactly what the
+    victim held alone before and holds after.
+
+    pre: 0 <= victim.num_computed_tokens <= held
+    pre: free >= 0 and free_cpu >= 0
+    pre: cache is None or (free == len(cache.free_queue) and len(set(victim.block_ids)) == len(victim.block_ids))
+    post: __return__[2] == free + (blocks_held(held, config.block_size) if cache is None else len(set(victim.block_ids) - holders(others).keys())) and (cache is None or __return__[0].block_ids == ())
+    post: __return__[3] >= 0 and __return__[3] + (blocks_held(__return__[0].num_computed_tokens, config.block_size) if __return__[1] is PreemptionMode.SWAP else 0) == free_cpu
+    """  # noqa: E501
+    bs = config.block_size
+    after, mode = preempt(victim, config, free_cpu)
+    if cache is None:
+        free += blocks_held(held, bs)
+    else:  # PC6, PC7: shared blocks stay with their other holders
+        cache = release(cache, victim.block_ids, holders(others))
+        free = len(cache.free_queue)
+        after = replace(after, block_ids=())
+    if mode is PreemptionMode.SWAP:
+        free_cpu -= blocks_held(after.num_computed_tokens, bs)
+    return after, mode, free, free_cpu, cache
+
+
 # --- phase A: running requests (R5) ---------------------------------------------------
 
 
@@ -283,8 +328,7 @@ def schedule_running(draft: StepDraft) -> StepDraft:
     pre: check_state(draft.state)
     pre: draft.budget == draft.state.config.max_num_batched_tokens
     pre: draft.scheduled == () and draft.preempted == () and draft.swapped_in == ()
-    post: draft_violations(draft, __return__) == ()
-    post: [c.request_id for c in __return__.scheduled] == [r.request_id for r in __return__.state.running[: len(__return__.scheduled)]] and len(__return__.state.running) + len(__return__.preempted) == len(draft.state.running)
+    post: (draft_violations(draft, __return__) == ()) and ([c.request_id for c in __return__.scheduled] == [r.request_id for r in __return__.state.running[: len(__return__.scheduled)]] and len(__return__.state.running) + len(__return__.preempted) == len(draft.state.running)) and ([r.request_id for r in __return__.state.waiting] == [p.request_id for p in reversed(__return__.preempted) if p.mode is not PreemptionMode.SWAP] + [r.request_id for r in draft.state.waiting] and [r.request_id for r in __return__.state.swapped] == [r.request_id for r in draft.state.swapped] + [p.request_id for p in __return__.preempted if p.mode is PreemptionMode.SWAP])
     """  # noqa: E501
     state = draft.state
     config = state.config
@@ -324,16 +368,17 @@ def schedule_running(draft: StepDraft) -> StepDraft:
                 budget += chunk.num_tokens
                 held += chunk.num_tokens
                 i -= 1
-            after, mode = preempt(victim, config, free_cpu)
-            if cache is None:
-                free += blocks_held(held, bs)
-            else:  # PC6, PC7: shared blocks stay with their other holders
-                cache = release(cache, victim.block_ids, holders(tuple(running)))
-                free = len(cache.free_queue)
-                after = replace(after, block_ids=())
+            after, mode, free, free_cpu, cache = release_victim(
+                victim,
+                held,
+                config,
+                free=free,
+                free_cpu=free_cpu,
+                cache=cache,
+                others=tuple(running),
+            )
             preempted.append(Preemption(request_id=victim.request_id, mode=mode))
             if mode is PreemptionMode.SWAP:
-                free_cpu -= blocks_held(after.num_computed_tokens, bs)
                 to_swapped.append(after)
             else:
                 to_waiting.append(after)
@@ -378,6 +423,35 @@ def schedule_running(draft: StepDraft) -> StepDraft:
 # --- phase B: swapping in (R7) ---------------------------------------------------------
 
 
+def prefill_fit(
+    request: RequestState,
+    config: SchedulerConfig,
+    *,
+    start: int,
+    num_hit: int,
+    budget: int,
+    free: int,
+) -> int:
+    """R7 steps 2-3, R8 steps 2-3 and PC4: the chunk a swapped or waiting request gets, or 0.
+
+    The chunk starts at ``start``: a swapped request's computed count, a waiting one's
+    cache hit of ``num_hit`` blocks, ``num_hit * bs`` tokens (0 with caching off).
+    ``n = chunk_for_prefill(num_tokens - start, budget, chunked)``; it does not fit (0)
+    if ``n > budget`` (an unchunked prefill larger than what is left) or if the
+    ``cdiv(start + n, bs) - num_hit`` blocks it takes exceed ``free`` (a swapped one
+    gets back the blocks of its computed prefix too; a hit's blocks exist already, and
+    the caller leaves out of ``free`` those of them that sit in the free queue, PC4).
+
+    pre: budget >= 1 and free >= 0
+    pre: 0 <= num_hit * config.block_size <= start < request.num_tokens
+    post: __return__ == 0 or (1 <= __return__ <= min(budget, request.num_tokens - start) and blocks_held(start + __return__, config.block_size) - num_hit <= free)
+    """  # noqa: E501
+    n = chunk_for_prefill(request.num_tokens - start, budget, config.enable_chunked_prefill)
+    if n > budget or blocks_held(start + n, config.block_size) - num_hit > free:
+        return 0
+    return n
+
+
 def swap_in_requests(draft: StepDraft) -> StepDraft:
     """Phase B (R7): bring swapped requests back, head first, while they fit.
 
@@ -397,8 +471,7 @@ def swap_in_requests(draft: StepDraft) -> StepDraft:
 
     pre: kv_conserved_mid_step(draft.state, draft.scheduled)
     pre: 0 <= draft.budget <= draft.state.config.max_num_batched_tokens
-    post: draft_violations(draft, __return__) == ()
-    post: __return__.swapped_in == draft.swapped_in + tuple(r.request_id for r in draft.state.swapped[: len(__return__.swapped_in) - len(draft.swapped_in)])
+    post: (draft_violations(draft, __return__) == ()) and (__return__.swapped_in == draft.swapped_in + tuple(r.request_id for r in draft.state.swapped[: len(__return__.swapped_in) - len(draft.swapped_in)]))
     """  # noqa: E501
     state = draft.state
     if draft.preempted or not state.swapped:
@@ -415,12 +488,10 @@ def swap_in_requests(draft: StepDraft) -> StepDraft:
         if len(moved) >= room or budget == 0:
             break
         computed = request.num_computed_tokens
-        n = chunk_for_prefill(request.num_tokens - computed, budget, config.enable_chunked_prefill)
-        if n > budget:
+        n = prefill_fit(request, config, start=computed, num_hit=0, budget=budget, free=free)
+        if n == 0:
             break
         gpu_blocks = blocks_held(computed + n, bs)
-        if gpu_blocks > free:
-            break
         free_cpu += blocks_held(computed, bs)
         free -= gpu_blocks
         budget -= n
@@ -473,8 +544,7 @@ def admit_waiting(draft: StepDraft) -> StepDraft:
 
     pre: kv_conserved_mid_step(draft.state, draft.scheduled)
     pre: 0 <= draft.budget <= draft.state.config.max_num_batched_tokens
-    post: draft_violations(draft, __return__) == ()
-    post: [r.request_id for r in __return__.state.waiting] == [r.request_id for r in draft.state.waiting if r.request_id not in {c.request_id for c in __return__.scheduled}]
+    post: (draft_violations(draft, __return__) == ()) and ([r.request_id for r in __return__.state.waiting] == [r.request_id for r in draft.state.waiting if r.request_id not in {c.request_id for c in __return__.scheduled}] and (__return__ == draft or not (draft.preempted or draft.state.swapped)))
     """  # noqa: E501
     state = draft.state
     if draft.preempted or state.swapped or not state.waiting:
@@ -493,27 +563,29 @@ def admit_waiting(draft: StepDraft) -> StepDraft:
         request = candidate
         if len(chunks) >= seats or budget == 0:
             break
-        tokens = request_tokens(request)
-        hit = () if cache is None else longest_hit(cache, tokens, bs)  # PC3
+        hit: tuple[int, ...] = ()
+        evictable = 0
+        if cache is not None:  # PC3, and PC4: the hit blocks that sit in the free queue
+            hit = longest_hit(cache, request_tokens(request), bs)
+            evictable = num_evictable(cache, hit)
         start = len(hit) * bs
-        n = chunk_for_prefill(request.num_tokens - start, budget, config.enable_chunked_prefill)
-        if n > budget:
+        n = prefill_fit(
+            request, config, start=start, num_hit=len(hit), budget=budget, free=free - evictable
+        )
+        if n == 0 or not full_sequence_fits(config, request, free):
             break
         gpu_blocks = cdiv(start + n, bs) - len(hit)
-        taken = gpu_blocks if cache is None else gpu_blocks + num_evictable(cache, hit)  # PC4
-        if taken > free or not full_sequence_fits(config, request, free):
-            break
         # The default gate never refuses; skip building the view it would ignore.
         if policy.can_admit is not always_admit and not policy.can_admit(
             _admission_view(state, running, admitted, free, cache), request, n
         ):
             break
-        free -= taken
+        free -= gpu_blocks + evictable
         budget -= n
         if cache is not None:  # PC4: touch the hit before taking new blocks (PC5), PC2
             cache, new = take(touch(cache, hit), gpu_blocks)
             block_ids = (*hit, *new)
-            cache = give_keys(cache, tokens, block_ids, start + n, bs)
+            cache = give_keys(cache, request_tokens(request), block_ids, start + n, bs)
             request = replace(candidate, num_computed_tokens=start, block_ids=block_ids)
         running.append(request)
         admitted.add(request.request_id)
@@ -560,8 +632,7 @@ def schedule(state: SchedulerState) -> tuple[SchedulerState, StepPlan]:
     only to ``sampling_request_ids`` and ``complete_step``.
 
     pre: check_state(state)
-    post: plan_tokens(__return__[1]) <= step_token_limit(state.config) and __return__[1].step == state.num_steps and __return__[1].sampled == () and __return__[1].finished == () and (not __return__[1].preempted or __return__[1].swapped_in == ())
-    post: kv_conserved_mid_step(__return__[0], __return__[1].scheduled) and live_ids_sorted(__return__[0]) == live_ids_sorted(state)
+    post: (plan_tokens(__return__[1]) <= step_token_limit(state.config) and __return__[1].step == state.num_steps and __return__[1].sampled == () and __return__[1].finished == () and (not __return__[1].preempted or __return__[1].swapped_in == ())) and (kv_conserved_mid_step(__return__[0], __return__[1].scheduled) and live_ids_sorted(__return__[0]) == live_ids_sorted(state))
     """  # noqa: E501
     draft = StepDraft(state=state, budget=state.config.max_num_batched_tokens)
     if prefill_first(state.config):
@@ -671,11 +742,9 @@ def complete_step(
     one, even for an empty step.
 
     pre: plan_matches(state_mid, plan)
-    post: __return__[0].num_steps == state_mid.num_steps + 1
-    post: len(__return__[1].sampled) == len(tokens)
-    post: len(__return__[0].running) + len(__return__[1].finished) == len(state_mid.running)
+    post: (__return__[0].num_free_gpu_blocks + blocks_in_use(__return__[0])[0] == state_mid.num_free_gpu_blocks + blocks_in_use(state_mid, plan.scheduled)[0] and __return__[0].num_free_gpu_blocks >= state_mid.num_free_gpu_blocks and (__return__[0].num_free_cpu_blocks, __return__[0].swapped, __return__[0].waiting) == (state_mid.num_free_cpu_blocks, state_mid.swapped, state_mid.waiting)) and (outputs_extended(state_mid, tokens, __return__[0], __return__[1].finished) and len(__return__[1].sampled) == len(tokens)) and (all(len(r.output_token_ids) < r.request.params.max_tokens and not eos_sampled(r) for r in __return__[0].running) and __return__[0].num_steps == state_mid.num_steps + 1)
     raises: SampledTokensError
-    """
+    """  # noqa: E501
     by_id = _running_by_id(state_mid)
     bs = state_mid.config.block_size
     updated: dict[str, RequestState | None] = {}
@@ -790,8 +859,7 @@ def step(
     ``next_token(prompt + outputs so far) -> token`` called once per sampling request.
 
     pre: check_state(state)
-    post: check_state(__return__[0])
-    post: check_plan(state, __return__[1], __return__[0]) and __return__[1].step == state.num_steps and __return__[0].num_steps == state.num_steps + 1 and plan_tokens(__return__[1]) <= step_token_limit(state.config)
+    post: (check_state(__return__[0])) and (check_plan(state, __return__[1], __return__[0]) and __return__[1].step == state.num_steps and __return__[0].num_steps == state.num_steps + 1 and plan_tokens(__return__[1]) <= step_token_limit(state.config))
     raises: SampledTokensError
     """  # noqa: E501
     state_mid, plan = schedule(state)

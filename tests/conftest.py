@@ -3,7 +3,10 @@
 ``ci`` is what CI runs (Hypothesis also switches to it by itself when ``CI`` is set):
 derandomized, no example database, blobs printed so a failure can be replayed.
 ``dev`` is quick for local edits; ``nightly`` explores at random with a database, for
-long runs; ``mutation`` is the quick deterministic one of scripts/mutation_check.py.
+long runs; ``mutation`` is the quick deterministic one of scripts/mutation_check.py;
+``fuzz`` is the HypoFuzz campaign's (scripts/fuzz): its example database is the folder
+``KVSCHED_FUZZ_DB`` (default ``.hypothesis/fuzz``), which every worker of the campaign,
+on this machine or another one that mounts the folder, reads and writes.
 Pick one with ``HYPOTHESIS_PROFILE=<name>`` or pytest's ``--hypothesis-profile=<name>``.
 The stateful machines size themselves per profile (tests/stateful/profiles.py, SIZES).
 """
@@ -12,6 +15,7 @@ import importlib.util
 import os
 
 from hypothesis import HealthCheck, Phase, settings
+from hypothesis.database import DirectoryBasedExampleDatabase
 
 settings.register_profile(
     "ci",
@@ -33,6 +37,17 @@ settings.register_profile(
     "nightly",
     derandomize=False,
     max_examples=20_000,
+    deadline=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+
+settings.register_profile(
+    "fuzz",
+    derandomize=False,
+    database=DirectoryBasedExampleDatabase(
+        os.environ.get("KVSCHED_FUZZ_DB") or os.path.join(".hypothesis", "fuzz")
+    ),
     deadline=None,
     print_blob=True,
     suppress_health_check=[HealthCheck.too_slow],

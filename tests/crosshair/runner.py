@@ -10,14 +10,23 @@
    of CrossHair): a contract CrossHair did not analyse (it could not parse it, could
    not build its arguments, or never got past its precondition) is an error, not a
    silent skip.
-2. **diff**: ``crosshair diffbehavior`` on every spec/engine pair of
+   CrossHair runs through ``tests/crosshair/driver.py``, which adds how many paths
+   it explored for each postcondition; the summary gives, per module, the conditions
+   confirmed over all paths, those explored without a counterexample (and over how
+   many paths), and, apart, those that only restate their function's body
+   (``tests/crosshair/evidence.py``), which are not counted as evidence.
+2. **planted**: every bug of ``tests/crosshair/planted.py`` (realistic mistakes in
+   the transitions) is applied to a copy of ``spec/`` and CrossHair is run on the
+   function that holds it, with the same budget as the check: each must be reported
+   as a counterexample. The score (k/N found) is printed; a bug not found fails.
+3. **diff**: ``crosshair diffbehavior`` on every spec/engine pair of
    ``tests/crosshair/adapters.py`` (one victim pair and one gate pair per policy
    registered on both sides; the two registries must name the same policies).
 
-Exit status: 0 when no counterexample and no difference was found and every contract
-was analysed; 1 on a counterexample or a difference; 2 on any other problem
-(unanalysed contract, CrossHair error, timeout). "No counterexample" is a bounded
-statement: see docs/crosshair.md.
+Exit status: 0 when no counterexample and no difference was found, every contract
+was analysed and every planted bug was found; 1 on a counterexample, a difference or
+a planted bug not found; 2 on any other problem (unanalysed contract, CrossHair
+error, timeout). "No counterexample" is a bounded statement: see docs/crosshair.md.
 """
 
 from __future__ import annotations
@@ -26,8 +35,11 @@ import argparse
 import ast
 import os
 import re
+import resource
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -38,6 +50,8 @@ from pathlib import Path
 from impl.policies import POLICIES as IMPL_POLICIES
 from spec.policies import POLICIES as SPEC_POLICIES
 from tests.crosshair.adapters import PAIRS
+from tests.crosshair.evidence import RESTATEMENTS
+from tests.crosshair.planted import PLANTED, PlantedBug, plant
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = ROOT / "spec"
@@ -45,10 +59,22 @@ PLUGIN = "tests/crosshair/plugin.py"
 
 BUDGET_LIGHT = 1.5
 """CPU seconds per postcondition for functions of plain values (most are exhausted sooner)."""
-BUDGET_HEAVY = 3.0
+BUDGET_HEAVY = 8.0
 """CPU seconds per postcondition for functions of whole states (``SchedulerState``...)."""
 BUDGET_DIFF = 3.0
 """CPU seconds per ``diffbehavior`` pair."""
+
+
+def path_timeout_args(budget: float) -> list[str]:
+    """The per-path timeout: the whole budget rather than CrossHair's default √budget.
+
+    The per-path timeout is CPU time, but the solver's per-query timeout is half of it in
+    *wall* time: at √8 s a loaded machine (load 11 on 2 cores) gave up on enough
+    queries that paths were dropped and a planted bug found at load 3 was missed.
+    """
+    return [f"--per_path_timeout={budget}"]
+
+
 PROCESS_TIMEOUT = 540.0
 """Wall seconds after which one CrossHair process is killed (an error)."""
 
@@ -56,11 +82,18 @@ HEAVY_PRECONDITIONS = ("check_state(", "kv_conserved_mid_step(", "plan_matches("
 """A function whose preconditions ask for a valid state (a transition, or a wrapper of
 one) is checked with the heavy budget; every other function with the light one."""
 
+HEAVY_HELPERS = ("spec.scheduler.release_victim", "spec.scheduler.prefill_fit")
+"""Helpers of the transitions that hold their block accounting (so that CrossHair
+reaches it, docs/crosshair.md): checked with the heavy budget too."""
+
 PREDICATES = {
     "spec.invariants.check_state": "the validity predicate the contracts use",
     "spec.invariants.check_plan": "the step predicate the contracts use",
     "spec.invariants.kv_conserved_mid_step": "a predicate the contracts use",
     "spec.invariants.live_ids_sorted": "a projection the contracts use",
+    "spec.invariants.blocks_in_use": "a projection the contracts use",
+    "spec.invariants.eos_sampled": "a predicate the contracts use",
+    "spec.invariants.outputs_extended": "a predicate of phase D's contract",
     "spec.scheduler.plan_matches": "the precondition predicate of phase D",
     "spec.scheduler.draft_violations": "the predicate of the phases' contracts",
     "spec.scheduler.samples": "a predicate of one chunk",
@@ -72,6 +105,7 @@ _CONTRACT_LINE = re.compile(r"^\s*(?:\"\"\")?(pre|post|inv)(\[[^\]]*\])?:\s")
 _REPORT_LINE = re.compile(
     r"^(?P<file>/[^:]+):(?P<line>\d+): (?P<kind>info|error|warning): (?P<msg>.*)$"
 )
+_PATHS_LINE = re.compile(r"^(?P<file>/[^:]+):(?P<line>\d+): paths: (?P<run>\d+) run, ")
 
 
 @dataclass
@@ -82,6 +116,7 @@ class Target:
     file: Path
     conditions: list[int]  # lines CrossHair reports on: each post, or the def line
     heavy: bool
+    restatements: set[int] = field(default_factory=set)  # lines that restate the body
 
 
 @dataclass
@@ -154,6 +189,7 @@ def audit_sources(spec_dir: Path = SPEC) -> Audit:
                 ):
                     audit.problems.append(f"{path}:{function.lineno}: {name} has no contract")
             if conditions:
+                heavy = heavy or owner in HEAVY_HELPERS
                 audit.targets.append(Target(owner, path, sorted(conditions), heavy))
         for lineno, text in enumerate(source, start=1):
             if _CONTRACT_LINE.match(text) and lineno not in claimed:
@@ -161,7 +197,24 @@ def audit_sources(spec_dir: Path = SPEC) -> Audit:
                     f"{path}:{lineno}: contract line outside a function docstring "
                     f"(CrossHair would ignore it): {text.strip()}"
                 )
+    _mark_restatements(audit)
     return audit
+
+
+def _mark_restatements(audit: Audit) -> None:
+    """Mark the conditions ``RESTATEMENTS`` names; each entry must name exactly one."""
+    by_name = {t.name: t for t in audit.targets}
+    for (name, piece), _why in RESTATEMENTS.items():
+        target = by_name.get(name)
+        lines = [] if target is None else target.file.read_text().splitlines()
+        matches = [n for n in (target.conditions if target else []) if piece in lines[n - 1]]
+        if len(matches) != 1 or target is None:
+            audit.problems.append(
+                f"tests/crosshair/evidence.py: {name} {piece!r} matches "
+                f"{len(matches)} conditions, not one"
+            )
+            continue
+        target.restatements.add(matches[0])
 
 
 def shards(targets: Sequence[Target], jobs: int, light: float, heavy: float) -> list[list[Target]]:
@@ -208,17 +261,34 @@ def run(command: list[str], timeout: float) -> Run:
     return Run(command, code, output, time.monotonic() - start)
 
 
+def check_command(names: Iterable[str], budget: float) -> list[str]:
+    """``crosshair check`` through the driver (which also prints the paths explored)."""
+    return [
+        sys.executable,
+        "-m",
+        "tests.crosshair.driver",
+        "check",
+        *names,
+        "--extra_plugin",
+        PLUGIN,
+        "--report_all",
+        f"--per_condition_timeout={budget}",
+        *path_timeout_args(budget),
+    ]
+
+
 def crosshair_check(targets: Iterable[Target], budget: float, timeout: float) -> Run:
     command = [
         sys.executable,
         "-m",
-        "crosshair",
+        "tests.crosshair.driver",
         "check",
         *(t.name for t in targets),
         "--extra_plugin",
         PLUGIN,
         "--report_all",
         f"--per_condition_timeout={budget}",
+        *path_timeout_args(budget),
     ]
     return run(command, timeout)
 
@@ -260,6 +330,8 @@ def check_stage(args: argparse.Namespace) -> int:
             print(result.output[-5000:])
     for problem in (*audit.problems, *verdict.problems):
         print(f"PROBLEM: {problem}")
+    for line in verdict.summary():
+        print(line)
     print(
         "crosshair check: "
         + ", ".join(f"{n} {what}" for what, n in sorted(verdict.tally.items()))
@@ -272,12 +344,40 @@ def check_stage(args: argparse.Namespace) -> int:
 
 
 @dataclass
+class ModuleTally:
+    """One module's conditions: evidence and restatements apart."""
+
+    confirmed: int = 0
+    explored: int = 0  # no counterexample within the budget
+    explored_paths: list[int] = field(default_factory=list)  # paths run, per explored one
+    found: int = 0  # counterexamples or errors
+    restating_confirmed: int = 0
+    restating_explored: int = 0
+
+
+@dataclass
 class Verdict:
     status: int = 0
     tally: Counter[str] = field(default_factory=Counter)
     problems: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)  # CrossHair's error lines, as printed
     results: list[str] = field(default_factory=list)  # one line per condition
+    modules: dict[str, ModuleTally] = field(default_factory=dict)
+
+    def summary(self) -> list[str]:
+        """Per module: confirmed, explored over how many paths, found; restatements apart."""
+        lines = [
+            "  module            evidence: confirmed | explored, no counterexample "
+            "(paths each: min-median) | found || restating body: confirmed | explored"
+        ]
+        for module, t in sorted(self.modules.items()):
+            paths = sorted(t.explored_paths)
+            spread = f"{paths[0]}-{paths[len(paths) // 2]}" if paths else "-"
+            lines.append(
+                f"  {module:<17} {t.confirmed:>9} | {t.explored:>3} ({spread:>7} paths) | "
+                f"{t.found} || {t.restating_confirmed:>3} | {t.restating_explored}"
+            )
+        return lines
 
 
 def evaluate(targets: Sequence[Target], runs: Sequence[Run]) -> Verdict:
@@ -289,6 +389,7 @@ def evaluate(targets: Sequence[Target], runs: Sequence[Run]) -> Verdict:
     """
     verdict = Verdict()
     reported: dict[tuple[str, int], tuple[str, str]] = {}
+    paths: dict[tuple[str, int], int] = {}
     for result in runs:
         if result.returncode not in (0, 1):
             verdict.status = max(verdict.status, 2)
@@ -296,6 +397,10 @@ def evaluate(targets: Sequence[Target], runs: Sequence[Run]) -> Verdict:
                 f"crosshair exited with {result.returncode}:\n{result.output[-3000:]}"
             )
         for line in result.output.splitlines():
+            counted = _PATHS_LINE.match(line)
+            if counted is not None:
+                paths[(counted["file"], int(counted["line"]))] = int(counted["run"])
+                continue
             match = _REPORT_LINE.match(line)
             if match is None:
                 continue
@@ -304,10 +409,29 @@ def evaluate(targets: Sequence[Target], runs: Sequence[Run]) -> Verdict:
                 verdict.status = max(verdict.status, 1)
                 verdict.errors.append(line)
     for target in targets:
+        module = verdict.modules.setdefault(target.name.rsplit(".", 1)[0], ModuleTally())
         for lineno in target.conditions:
-            kind, message = reported.get((str(target.file), lineno), ("missing", ""))
-            where = f"{target.file.relative_to(ROOT)}:{lineno} ({target.name})"
-            verdict.results.append(f"{where}: {kind}: {message}")
+            key = (str(target.file), lineno)
+            kind, message = reported.get(key, ("missing", ""))
+            where = f"{_shown(target.file)}:{lineno} ({target.name})"
+            restating = lineno in target.restatements
+            explored = paths.get(key)
+            note = f" [{explored} paths]" if explored is not None else ""
+            note += " [restates the body]" if restating else ""
+            verdict.results.append(f"{where}: {kind}: {message}{note}")
+            if kind == "error":
+                module.found += 1
+            elif message.startswith("Confirmed"):
+                if restating:
+                    module.restating_confirmed += 1
+                else:
+                    module.confirmed += 1
+            elif message.startswith("Not confirmed"):
+                if restating:
+                    module.restating_explored += 1
+                else:
+                    module.explored += 1
+                    module.explored_paths.append(explored or 0)
             if kind == "missing":
                 verdict.status = max(verdict.status, 2)
                 verdict.problems.append(f"{where}: not analysed by CrossHair (no report line)")
@@ -323,6 +447,90 @@ def evaluate(targets: Sequence[Target], runs: Sequence[Run]) -> Verdict:
                 verdict.problems.append(f"{where}: {message}")
                 verdict.tally["not analysed"] += 1
     return verdict
+
+
+def _shown(path: Path) -> Path:
+    return path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+
+
+@dataclass
+class PlantedResult:
+    bug: PlantedBug
+    found: bool
+    seconds: float  # wall
+    cpu_seconds: float
+    line: str  # the counterexample, or why it was not found
+
+
+def run_planted(bug: PlantedBug, budget: float, timeout: float) -> PlantedResult:
+    """Apply ``bug`` to a copy of the spec and run CrossHair on its function.
+
+    Found means CrossHair printed an ``error`` line about the copy; the process is
+    stopped at the first one (the rest of its budget would only confirm it).
+    """
+    start = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="kvsched-planted-") as tmp:
+        try:
+            plant(bug, Path(tmp))
+        except ValueError as error:
+            return PlantedResult(bug, False, 0.0, 0.0, f"not planted: {error}")
+        env = {**_env(), "PYTHONPATH": tmp}  # the copy, not the real spec
+        process = subprocess.Popen(
+            check_command([bug.target], budget),
+            cwd=tmp,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        killer = threading.Timer(timeout, process.kill)
+        killer.start()
+        found_line = ""
+        tail: list[str] = []
+        assert process.stdout is not None
+        for line in process.stdout:
+            tail = [*tail[-20:], line.rstrip()]
+            match = _REPORT_LINE.match(line.rstrip())
+            if match and match["kind"] == "error" and match["file"].startswith(tmp):
+                found_line = line.rstrip().replace(tmp + "/", "")
+                process.kill()
+                break
+        _, _, usage = os.wait4(process.pid, 0)  # reaps it, with its CPU time
+        process.returncode = -1
+        killer.cancel()
+    seconds = time.monotonic() - start
+    why = found_line or "no counterexample within the budget: " + " / ".join(tail[-3:])
+    cpu = usage.ru_utime + usage.ru_stime
+    return PlantedResult(bug, bool(found_line), seconds, cpu, why)
+
+
+def planted_stage(args: argparse.Namespace) -> int:
+    bugs = [b for b in PLANTED if not args.only_bug or b.name in args.only_bug]
+    audit = audit_sources()
+    heavy = {t.name for t in audit.targets if t.heavy}
+    print(
+        f"crosshair planted bugs: {len(bugs)} bugs in copies of spec/, each checked at its "
+        f"function with the check's budget; {args.jobs} jobs",
+        flush=True,
+    )
+
+    def one(bug: PlantedBug) -> PlantedResult:
+        budget = args.budget_heavy if bug.target in heavy else args.budget_light
+        return run_planted(bug, budget, args.timeout)
+
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        results = list(pool.map(one, bugs))
+    for r in results:
+        verdict = "found" if r.found else "NOT FOUND"
+        print(
+            f"  {r.bug.name:<32} {r.bug.where:<22} {verdict:<9} {r.cpu_seconds:5.1f} CPU s  "
+            f"{r.bug.bug}"
+        )
+        if args.verbose or not r.found:
+            print(f"      {r.line[:400]}")
+    found = sum(r.found for r in results)
+    print(f"crosshair planted bugs: {found}/{len(results)} found", flush=True)
+    return 0 if found == len(results) else 1
 
 
 def diff_stage(args: argparse.Namespace) -> int:
@@ -379,12 +587,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--budget-heavy", type=float, default=BUDGET_HEAVY)
     parser.add_argument("--budget-diff", type=float, default=BUDGET_DIFF)
     parser.add_argument("--timeout", type=float, default=PROCESS_TIMEOUT)
-    parser.add_argument("--stage", choices=("all", "check", "diff"), default="all")
+    parser.add_argument("--stage", choices=("all", "check", "planted", "diff"), default="all")
     parser.add_argument(
         "--only", action="append", help="check only targets starting with this (repeatable)"
     )
     parser.add_argument(
         "--only-diff", action="append", help="run only this diffbehavior pair (repeatable)"
+    )
+    parser.add_argument(
+        "--only-bug", action="append", help="run only this planted bug (repeatable)"
     )
     parser.add_argument("--verbose", action="store_true", help="print every condition's result")
     parser.add_argument("--log-dir", help="write each CrossHair process's whole output here")
@@ -393,9 +604,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     status = 0
     if args.stage in ("all", "check"):
         status = max(status, check_stage(args))
+    if args.stage in ("all", "planted"):
+        status = max(status, planted_stage(args))
     if args.stage in ("all", "diff"):
         status = max(status, diff_stage(args))
-    print(f"crosshair: {'OK' if status == 0 else 'FAILED'} in {time.monotonic() - start:.0f} s")
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    print(
+        f"crosshair: {'OK' if status == 0 else 'FAILED'} in {time.monotonic() - start:.0f} s "
+        f"({children.ru_utime + children.ru_stime:.0f} CPU s in CrossHair processes)"
+    )
     return status
 
 

@@ -34,13 +34,14 @@ This module imports CrossHair, so it is loaded only by CrossHair runs:
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from contextlib import AbstractContextManager
-from typing import Any, cast
+import collections.abc
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from typing import Any, TypeVar, cast
 
 import crosshair
 from crosshair import SymbolicFactory, register_type
-from crosshair.core import realize
+from crosshair.enforce import PreconditionFailed
 
 from spec.contracts import (
     MAX_BLOCK_SIZE,
@@ -58,8 +59,9 @@ from spec.contracts import (
 )
 from spec.kv import blocks_held, largest_prefill, max_cached_tokens
 from spec.policies import POLICIES, Policy
-from spec.scheduler import StepDraft
+from spec.scheduler import StepDraft, sampling_request_ids, schedule
 from spec.types import (
+    ConfigError,
     PreemptionMode,
     Request,
     RequestState,
@@ -75,12 +77,26 @@ NoTracing = cast(Callable[[], AbstractContextManager[None]], crosshair.NoTracing
 ResumedTracing = cast(Callable[[], AbstractContextManager[None]], crosshair.ResumedTracing)
 IgnoreAttempt = cast(Callable[[str], BaseException], crosshair.IgnoreAttempt)
 
+_T = TypeVar("_T")
+
+QUEUE_GROWS = 0.7
+"""The chance that a queue being built gets one more request (up to its bound)."""
+OTHER_QUEUES_GROW = 0.3
+"""... and a queue other than the state's focus, for a ``SchedulerState`` argument."""
+POOL_FULL = 0.5
+"""The chance that a state's GPU pool has no free block."""
+
 
 class _BuiltStates:
-    """The states built so far on the current path (CrossHair keeps one per solver)."""
+    """The states (and the plan built after each) so far on the current path.
+
+    CrossHair keeps one per solver. A plan belongs to the state built just before it,
+    and the sampled tokens to that state and plan (``make_plan``, ``make_tokens``).
+    """
 
     def __init__(self, solver: object) -> None:
         self.states: list[SchedulerState] = []
+        self.plans: dict[int, StepPlan] = {}  # index in ``states`` -> its plan
 
 
 def assume(p: SymbolicFactory, condition: object) -> None:
@@ -95,6 +111,18 @@ def assume(p: SymbolicFactory, condition: object) -> None:
             raise IgnoreAttempt("assumption is false")
 
 
+def prefer(p: SymbolicFactory, condition: object) -> None:
+    """Add ``condition`` to the path's constraints if the solver can meet it, else nothing.
+
+    Unlike ``assume``, for a wish that may contradict the constraints added before it
+    (a full GPU pool with a lone running request in blocks of 1 cannot also let every
+    request fit, R4): the solver decides, and the path stays a valid one either way.
+    """
+    with NoTracing():
+        if hasattr(condition, "var"):
+            p.space.choose_possible(condition.var, probability_true=1.0)
+
+
 def bounded_int(p: SymbolicFactory, suffix: str, low: int, high: int | None = None) -> int:
     """A symbolic int in ``low..high`` (no upper bound when ``high`` is None)."""
     value: int = p(int, suffix)
@@ -105,21 +133,45 @@ def bounded_int(p: SymbolicFactory, suffix: str, low: int, high: int | None = No
     return value
 
 
-def concrete_int(p: SymbolicFactory, suffix: str, low: int, high: int) -> int:
-    """An int in ``low..high`` made concrete: the path forks once per value."""
-    value = bounded_int(p, suffix, low, high)
+def choose(p: SymbolicFactory, suffix: str, probability: float) -> bool:
+    """A concrete yes/no decision, taken as "yes" on about ``probability`` of new paths.
+
+    A plain symbolic ``bool`` is decided where the code first branches on it, with
+    CrossHair's default of 1 in 4 for "true" on a branch it has not explored: a chain
+    of such decisions (a third running request, a block size of 4) is then reached on
+    a few percent of the paths, and a planted bug that needs it is missed within the
+    CI budget. The decisions that shape a state are taken here instead, each with the
+    probability the builder asks for, so that every shape gets its share of paths.
+    """
+    value: Any = p(bool, suffix)  # a SymbolicBool: its solver variable is ``.var``
+    if not hasattr(value, "var"):  # CrossHair sometimes hands out a plain bool
+        return bool(value)
     with NoTracing():
-        result: int = realize(value)
-    return result
+        chosen: bool = p.space.choose_possible(value.var, probability_true=probability)
+    return chosen
+
+
+def choose_one(p: SymbolicFactory, suffix: str, options: Sequence[_T]) -> _T:
+    """One of ``options``, each on about the same share of new paths."""
+    for index, option in enumerate(options[:-1]):
+        if choose(p, f"{suffix}_is_{index}", 1 / (len(options) - index)):
+            return option
+    return options[-1]
+
+
+def concrete_int(p: SymbolicFactory, suffix: str, low: int, high: int) -> int:
+    """An int in ``low..high``, concrete, each value on about the same share of paths."""
+    return choose_one(p, suffix, range(low, high + 1))
 
 
 def choose_policy(p: SymbolicFactory) -> str:
     """One registered policy name per path (a new policy is picked up with no wiring)."""
-    names = sorted(POLICIES)
-    for name in names[:-1]:
-        if p(bool, "_policy_is_" + name.replace("-", "_")):
-            return name
-    return names[-1]
+    return choose_one(p, "_policy", sorted(POLICIES))
+
+
+def choose_mode(p: SymbolicFactory) -> PreemptionMode:
+    """Every preemption mode, each on about a third of the paths."""
+    return choose_one(p, "_preemption_mode", list(PreemptionMode))
 
 
 def make_policy(p: SymbolicFactory) -> Policy:
@@ -134,8 +186,8 @@ def make_config(p: SymbolicFactory) -> SchedulerConfig:
     budget = bounded_int(p, "_max_num_batched_tokens", 1, MAX_CONFIG_BUDGET)
     max_num_seqs = bounded_int(p, "_max_num_seqs", 1, MAX_CONFIG_SEQS)
     num_cpu_blocks = bounded_int(p, "_num_cpu_blocks", 0, MAX_CONFIG_BLOCKS)
-    chunked: bool = p(bool, "_enable_chunked_prefill")
-    mode: PreemptionMode = p(PreemptionMode, "_preemption_mode")
+    chunked = choose(p, "_enable_chunked_prefill", 0.5)
+    mode = choose_mode(p)
     policy = choose_policy(p)
     with ResumedTracing():
         return SchedulerConfig(
@@ -150,18 +202,33 @@ def make_config(p: SymbolicFactory) -> SchedulerConfig:
         )
 
 
-def _queue_lengths(p: SymbolicFactory, mode: PreemptionMode) -> tuple[int, int, int]:
-    """Concrete queue lengths; only swap mode ever has swapped requests (R6)."""
+def _queue_lengths(
+    p: SymbolicFactory, mode: PreemptionMode, focus: str | None, grows: float
+) -> tuple[int, int, int]:
+    """Concrete queue lengths; only swap mode ever has swapped requests (R6).
+
+    The ``focus`` queue (if any) gets at least one request (two running: a preemption
+    needs a victim other than the head, which fits alone, R4), and with a waiting focus
+    ``swapped`` stays empty (no admission while a request is swapped, R8). Each queue
+    gets one more request with probability ``grows`` (``QUEUE_GROWS`` for the focus).
+    """
     lengths: list[int] = []
-    live = 0
+    least = {"running": 2}.get(focus or "", 1) if focus is not None else 0
+    live = least  # the focus queue's requests, kept their places
     for name, most in (
         ("waiting", MAX_WAITING),
         ("running", MAX_RUNNING),
         ("swapped", MAX_SWAPPED),
     ):
         limit = 0 if name == "swapped" and mode is not PreemptionMode.SWAP else most
-        length = 0
-        while length < limit and live < MAX_LIVE and p(bool, f"_{name}_has_{length}"):
+        if name == "swapped" and focus == "waiting":
+            limit = 0
+        length = least if name == focus else 0
+        while (
+            length < limit
+            and live < MAX_LIVE
+            and choose(p, f"_{name}_has_{length}", QUEUE_GROWS if name == focus else grows)
+        ):
             length += 1
             live += 1
         lengths.append(length)
@@ -181,6 +248,7 @@ def _make_request(
     priority: int = p(int, tag + "_priority")
     arrival = bounded_int(p, tag + "_arrival", 0)
     preemptions = bounded_int(p, tag + "_num_preemptions", 0, MAX_PREEMPTIONS)
+    has_outputs = choose(p, tag + "_has_outputs", 0.75)
     with ResumedTracing():
         assume(p, len(prompt) >= 1)
         assume(p, len(prompt) <= MAX_PROMPT_LEN)
@@ -200,6 +268,8 @@ def _make_request(
             assume(p, computed < len(prompt) + len(outputs))
     arrivals.append(arrival)
     with ResumedTracing():
+        if has_outputs:  # last: a wish that the constraints above may rule out
+            prefer(p, len(outputs) >= 1)  # else the solver's first answer is 0, every time
         return RequestState(
             request=Request(
                 request_id=f"r{index}",
@@ -219,12 +289,57 @@ def _make_request(
 
 
 def make_state(p: SymbolicFactory) -> SchedulerState:
-    """A valid state between steps (``check_state``) within the sizes of ``spec.contracts``."""
+    """A valid state between steps (``check_state``) within the sizes of ``spec.contracts``.
+
+    On a quarter of the paths each, no queue or one queue is the focus, the others
+    mostly short: a transition that looks a request up by id (``abort_request``)
+    compares the ids of ``waiting``, then ``running``, then ``swapped``, each match a
+    fresh branch, so a swapped request is reached mostly when the queues before it
+    are empty (measured: with every queue alike, aborting a swapped request was too
+    rare to find its planted bug in the budget).
+    """
+    focus = choose_one(p, "_focus", (None, "waiting", "running", "swapped"))
+    return build_state(p, focus, QUEUE_GROWS if focus is None else OTHER_QUEUES_GROW)
+
+
+@contextmanager
+def _dropped_if_inconsistent() -> Iterator[None]:
+    """Drop the path (``IgnoreAttempt``) if building the state fails.
+
+    The constraints added are satisfiable together, but the solver's queries have a
+    wall-clock timeout: on a loaded machine one can give up, after which the path's
+    constraints may be inconsistent and a value the constraints keep positive comes
+    out as 0 (seen under a load of 11: ``ConfigError`` for ``num_gpu_blocks``, whose
+    message's ``repr`` of the symbolic value then recursed without end). Such a path
+    is no input at all; without this, it would stop the whole CrossHair process. The
+    same holds for a precondition of the spec that a builder's own call finds false
+    on a plan built to meet it (seen once at a load of 8-9: ``plan_matches`` before
+    ``sampling_request_ids`` in ``make_tokens``, which then stopped the process and
+    left 14 contracts unanalysed; not reproduced alone, and never false at run time).
+    """
+    try:
+        yield
+    except (ConfigError, ZeroDivisionError, RecursionError, PreconditionFailed) as error:
+        raise IgnoreAttempt(
+            f"inconsistent path while building a state: {type(error).__name__}"
+        ) from None
+
+
+def build_state(
+    p: SymbolicFactory, focus: str | None, grows: float = QUEUE_GROWS
+) -> SchedulerState:
+    """A valid state; with a ``focus`` queue, shaped for the phase that serves it.
+
+    ``running``: at least two running requests and a full GPU pool on 3 paths in 4
+    (phase A preempts); ``swapped``: swap mode with a swapped request (phase B swaps
+    in); ``waiting``: a waiting request and nothing swapped (phase C admits). Without
+    a focus, every mode and a full pool on ``POOL_FULL`` of the paths.
+    """
     block_size = concrete_int(p, "_block_size", 1, MAX_BLOCK_SIZE)
-    chunked: bool = p(bool, "_enable_chunked_prefill")
-    mode: PreemptionMode = p(PreemptionMode, "_preemption_mode")
+    chunked = choose(p, "_enable_chunked_prefill", 0.5)
+    mode = PreemptionMode.SWAP if focus == "swapped" else choose_mode(p)
     policy = choose_policy(p)
-    num_waiting, num_running, num_swapped = _queue_lengths(p, mode)
+    num_waiting, num_running, num_swapped = _queue_lengths(p, mode, focus, grows)
     arrivals: list[int] = []
     queues: dict[str, tuple[RequestState, ...]] = {}
     index = 0
@@ -239,12 +354,14 @@ def make_state(p: SymbolicFactory) -> SchedulerState:
             index += 1
         queues[queue] = tuple(requests)
     free_gpu = bounded_int(p, "_num_free_gpu_blocks", 0)
+    full = {None: POOL_FULL, "running": 0.75}.get(focus, 0.0)
+    pool_full = full > 0 and choose(p, "_gpu_pool_full", full)
     free_cpu = bounded_int(p, "_num_free_cpu_blocks", 0)
     budget = bounded_int(p, "_max_num_batched_tokens", 1)
     max_num_seqs = bounded_int(p, "_max_num_seqs", max(1, num_running))
     next_arrival = bounded_int(p, "_next_arrival", 0)
     num_steps = bounded_int(p, "_num_steps", 0)
-    with ResumedTracing():
+    with ResumedTracing(), _dropped_if_inconsistent():
         state = _assemble_state(
             p,
             queues,
@@ -259,6 +376,8 @@ def make_state(p: SymbolicFactory) -> SchedulerState:
             next_arrival=next_arrival,
             num_steps=num_steps,
         )
+        if pool_full:
+            prefer(p, free_gpu == 0)
     with NoTracing():
         p.space.extra(_BuiltStates).states.append(state)
     return state
@@ -321,30 +440,99 @@ def make_plan(p: SymbolicFactory) -> StepPlan:
 
     CrossHair builds the arguments in order, so for ``complete_step(state_mid, plan,
     tokens)`` the plan is built right after ``state_mid``: each running request is
-    scheduled or not (in running order), with a chunk that starts at its computed
-    count and has 1..remaining tokens. Without a state before it, the plan is empty.
+    scheduled or not (in running order, each on about 3 paths in 4), with a chunk that
+    starts at its computed count and either completes the request (it samples, on
+    about half of the paths) or has 1..remaining-1 tokens. Without a state before it,
+    the plan is empty.
     """
     with NoTracing():
-        built = p.space.extra(_BuiltStates).states
-        state = built[-1] if built else None
+        built = p.space.extra(_BuiltStates)
+        state = built.states[-1] if built.states else None
     if state is None:
         return StepPlan(step=bounded_int(p, "_step", 0))
     chunks: list[ScheduledChunk] = []
     for request in state.running:
         rid = request.request_id
-        if not p(bool, f"_plan_schedules_{rid}"):
+        if not choose(p, f"_plan_schedules_{rid}", 0.75):
             continue
         computed = request.num_computed_tokens
+        samples = choose(p, f"_plan_{rid}_samples", 0.5)
         n = bounded_int(p, f"_plan_{rid}_num_tokens", 1)
         with ResumedTracing():
-            assume(p, n <= request.num_tokens - computed)
+            if samples:
+                assume(p, n == request.num_tokens - computed)
+            else:
+                assume(p, n < request.num_tokens - computed)
             chunks.append(ScheduledChunk(request_id=rid, start=computed, num_tokens=n))
     with ResumedTracing():
-        return StepPlan.of(step=state.num_steps, scheduled=chunks)
+        plan = StepPlan.of(step=state.num_steps, scheduled=chunks)
+    with NoTracing():
+        built.plans[len(built.states) - 1] = plan
+    return plan
+
+
+def make_tokens(p: SymbolicFactory, key_type: type, value_type: type) -> Mapping[str, int] | None:
+    """The sampled tokens of the step of the state (and plan) built last on this path.
+
+    Exactly the ids of ``sampling_request_ids``, each with a symbolic token: any other
+    key set only raises ``SampledTokensError`` (declared, so CrossHair drops the path).
+    After a plan, they are its sampling requests; after a state alone (``step``), the
+    builder runs ``schedule`` on it to learn them, which decides the path's branches
+    in the order ``step`` then takes them again. With no state before it (not an
+    argument of the spec's), CrossHair's own builder makes the mapping (None here).
+    """
+    with NoTracing():
+        built = p.space.extra(_BuiltStates)
+        if not built.states:
+            return None
+        index = len(built.states) - 1
+        state, plan = built.states[index], built.plans.get(index)
+    with ResumedTracing(), _dropped_if_inconsistent():
+        if plan is None:
+            state, plan = schedule(state)
+        ids = sampling_request_ids(state, plan)
+    return {rid: p(int, f"_token_{rid}") for rid in ids}
+
+
+def make_prompt(p: SymbolicFactory, item_type: type) -> Sequence[int]:
+    """A prompt given to ``add_request``: a tuple of 0..``MAX_PROMPT_LEN`` symbolic ids.
+
+    CrossHair's own ``Sequence[int]`` (even a symbolic tuple) gets a concrete length
+    when ``add_request`` copies it with ``tuple(...)``, at the first value the solver
+    offers: 0, on every path (measured: every path of ``add_request`` raised
+    ``EmptyPromptError``, so no accepted request was ever checked). The length is
+    chosen here instead, each on about the same share of paths.
+    """
+    length = concrete_int(p, "_len", 0, MAX_PROMPT_LEN)
+    return tuple(p(int, f"_{i}") for i in range(length))
+
+
+def make_request_id(p: SymbolicFactory) -> str | None:
+    """An argument named ``request_id``: a live id of the state built before it on
+    half of the paths (each live one alike), else CrossHair's own symbolic string.
+
+    The spec looks an id up by comparing it with the live ids in queue order, each
+    match a fresh branch taken on a quarter of new paths (and the string's length is
+    fixed first, at the solver's first answer): an abort of the second swapped request
+    was reached on too few paths to find its planted bug in the budget. Any other
+    ``str`` argument (None here) is CrossHair's own.
+    """
+    if not p.varname.startswith("request_id"):
+        return None
+    with NoTracing():
+        built = p.space.extra(_BuiltStates)
+        state = built.states[-1] if built.states else None
+    if state is None:
+        return None
+    live = [r.request_id for r in (*state.waiting, *state.running, *state.swapped)]
+    if not live or not choose(p, "_is_live", 0.5):
+        return None
+    return choose_one(p, "_live", live)
 
 
 def make_sampling_params(p: SymbolicFactory) -> SamplingParams:
-    """Any scheduling parameters; ``temperature`` 0.0 and no ``seed``.
+    """Any scheduling parameters (``max_tokens`` in 1..``MAX_MAX_TOKENS`` on most paths);
+    ``temperature`` 0.0 and no ``seed``.
 
     The scheduler never reads those two (only the engine's sampler does), and a
     symbolic float can be NaN, which is not equal to itself: ``diffbehavior`` would
@@ -354,20 +542,49 @@ def make_sampling_params(p: SymbolicFactory) -> SamplingParams:
     eos: int | None = p(int | None, "_eos_token_id")
     ignore_eos: bool = p(bool, "_ignore_eos")
     priority: int = p(int, "_priority")
+    valid = choose(p, "_max_tokens_valid", 0.85)
     with ResumedTracing():
+        if valid:  # else a quarter of the paths of add_request end in InvalidMaxTokensError
+            prefer(p, max_tokens >= 1)
+            prefer(p, max_tokens <= MAX_MAX_TOKENS)
         return SamplingParams(
             max_tokens=max_tokens, eos_token_id=eos, ignore_eos=ignore_eos, priority=priority
         )
 
 
 def make_draft(p: SymbolicFactory) -> StepDraft:
-    """The start of phase A: a valid state, the whole budget, nothing decided."""
-    state: SchedulerState = p(SchedulerState, "_state")
+    """The start of phase A: a valid state, the whole budget, nothing decided.
+
+    A draft is the input of one of phases A, B and C, which each serve one queue and
+    return at once when it has nothing for them: on a third of the paths each, the
+    state is shaped for one of them (``build_state``'s focus), so that every phase
+    gets paths where it does its work (measured: with one shape for all, phase B
+    swapped a request in on too few paths to find its planted bugs in the budget).
+    """
+    focus = choose_one(p, "_draft_focus", ("running", "swapped", "waiting"))
+    state = build_state(p, focus)
     with ResumedTracing():
         return StepDraft(state=state, budget=state.config.max_num_batched_tokens)
 
 
 _REGISTERED: dict[type, Any] = {}
+
+
+def _replace_builder(typ: type, creator: Callable[..., Any]) -> None:
+    """Put ``creator`` in place of CrossHair's own builder for ``typ`` (``Mapping``,
+    ``str``; ``Sequence`` has none), which it calls when the spec's shapes do not
+    apply (``creator`` returns None)."""
+    original = crosshair.core._SIMPLE_PROXIES.pop(typ, None)
+
+    def build(p: SymbolicFactory, *type_args: type) -> Any:
+        value = creator(p, *type_args)
+        if value is None and original is not None:
+            return original(p, *type_args)
+        if value is None:
+            return crosshair.core.proxy_for_class(typ, p.varname)
+        return value
+
+    register_type(typ, build)
 
 
 def register() -> None:
@@ -383,6 +600,15 @@ def register() -> None:
         if typ not in _REGISTERED:
             register_type(typ, creator)
             _REGISTERED[typ] = creator
+    replaced: tuple[tuple[type, Callable[..., Any]], ...] = (
+        (collections.abc.Mapping, make_tokens),
+        (collections.abc.Sequence, make_prompt),
+        (str, make_request_id),
+    )
+    for abstract, builder in replaced:
+        if abstract not in _REGISTERED:
+            _replace_builder(abstract, builder)
+            _REGISTERED[abstract] = builder
 
 
 register()

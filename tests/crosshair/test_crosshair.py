@@ -26,7 +26,15 @@ from spec.types import (
     SchedulerState,
 )
 from tests.crosshair import adapters
-from tests.crosshair.runner import Run, Target, audit_sources, evaluate
+from tests.crosshair.planted import PLANTED, PlantedBug
+from tests.crosshair.runner import (
+    BUDGET_HEAVY,
+    Run,
+    Target,
+    audit_sources,
+    evaluate,
+    run_planted,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 BROKEN = "tests/crosshair/broken_helpers.py"
@@ -189,3 +197,45 @@ def test_the_state_crosshair_found_is_now_invalid() -> None:
     assert [v for v in state_violations(state) if v.startswith("R6")] == [
         "R6: waiting request 'r0' kept outputs, but restart mode drops them"
     ]
+
+
+def test_every_planted_bug_applies_once_to_a_function_crosshair_checks() -> None:
+    """Each planted edit matches the spec's source exactly once, changes it, and names a
+    function the check analyses; every area the table is meant to cover is there."""
+    targets = {t.name for t in audit_sources().targets}
+    for bug in PLANTED:
+        source = (ROOT / "spec" / bug.file).read_text()
+        assert source.count(bug.old) == 1, bug.name
+        assert bug.old != bug.new, bug.name
+        assert bug.target in targets, bug.name
+    areas = {bug.where for bug in PLANTED}
+    for area in ("phase A", "swap-in", "swap-out", "admission arithmetic", "preemption"):
+        assert area in areas
+    for queue in ("waiting", "running", "swapped"):
+        assert f"abort ({queue})" in areas
+    assert any(bug.target == "spec.scheduler.complete_step" for bug in PLANTED)
+    assert len(PLANTED) >= 12
+
+
+def test_the_planted_stage_finds_a_bug_and_not_a_harmless_edit() -> None:
+    """The stage's machinery: a planted bug in ``prefill_fit`` is reported with its
+    counterexample; an edit that changes nothing the contract sees (a renamed local) is
+    not, so "found" means a counterexample in the copy, not any output."""
+    bug = next(b for b in PLANTED if b.name == "C-admit-free-off-by-one")
+    found = run_planted(bug, BUDGET_HEAVY, timeout=120)
+    assert found.found, found.line
+    assert "spec/scheduler.py" in found.line and "error: false when calling" in found.line
+    harmless = PlantedBug(
+        name="harmless",
+        where="none",
+        bug="a local renamed",
+        file="scheduler.py",
+        old="    if n > budget or blocks_held(start + n, config.block_size) - num_hit > free:\n",
+        new=(
+            "    if (m := n) > budget or "
+            "blocks_held(start + m, config.block_size) - num_hit > free:\n"
+        ),
+        target="spec.scheduler.prefill_fit",
+    )
+    missed = run_planted(harmless, 1.0, timeout=120)
+    assert not missed.found, missed.line

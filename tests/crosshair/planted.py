@@ -1,0 +1,309 @@
+"""Planted bugs for CrossHair: realistic mistakes inside the spec's transitions.
+
+CrossHair is measured here like a test suite: each entry of ``PLANTED`` is a bug one
+could really write in a transition (a phase of ``schedule``, ``complete_step``,
+``abort_request``, ``add_request``), applied as a one-place text edit to a *copy* of
+``spec/`` in a temporary folder; ``scripts/crosshair_check --stage planted`` runs
+CrossHair on the copy, on the function that holds the bug, with the CI budget, and
+counts the bug as found when CrossHair reports a counterexample (an ``error`` line)
+in that copy. The score (k/N found) is printed; a bug not found fails the check.
+
+Each edit must match the spec's source exactly once, so a change to the spec that
+moves the code under a planted bug makes the stage fail loudly (fix the entry)
+instead of planting nothing.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass(frozen=True)
+class PlantedBug:
+    name: str
+    where: str  # the area the issue asks to cover (phase A-D, admission, abort, ...)
+    bug: str  # what the mistake is, in words
+    file: str  # under spec/
+    old: str  # the exact source text replaced (once)
+    new: str
+    target: str  # the function CrossHair analyses (dotted, as ``crosshair check`` takes it)
+
+
+PLANTED: tuple[PlantedBug, ...] = (
+    # --- phase A: running requests and preemption ------------------------------------
+    PlantedBug(
+        name="A-blocks-not-taken",
+        where="phase A",
+        bug="a scheduled chunk's new blocks are not taken from the free count",
+        file="scheduler.py",
+        old="                budget -= n\n            free -= need\n",
+        new="                budget -= n\n",
+        target="spec.scheduler.schedule_running",
+    ),
+    PlantedBug(
+        name="A-chunk-ignores-budget",
+        where="phase A",
+        bug="a running request's chunk is its whole remainder, not capped by the budget",
+        file="scheduler.py",
+        old="        n = remaining if unbudgeted else min(remaining, budget)\n",
+        new="        n = remaining\n",
+        target="spec.scheduler.schedule_running",
+    ),
+    PlantedBug(
+        name="A-preempt-frees-after-reset",
+        where="preemption",
+        bug="a victim's GPU blocks are counted after preempt() reset its computed count",
+        file="scheduler.py",
+        old="        free += blocks_held(held, bs)\n",
+        new="        free += blocks_held(after.num_computed_tokens, bs)\n",
+        target="spec.scheduler.release_victim",
+    ),
+    PlantedBug(
+        name="A-victim-to-waiting-tail",
+        where="preemption",
+        bug="a recomputed victim goes to the tail of waiting instead of the front",
+        file="scheduler.py",
+        old="            waiting=(*reversed(to_waiting), *state.waiting),\n",
+        new="            waiting=(*state.waiting, *to_waiting),\n",
+        target="spec.scheduler.schedule_running",
+    ),
+    PlantedBug(
+        name="A-self-victim-goes-on",
+        where="preemption",
+        bug="phase A goes on after preempting the very request that needed blocks",
+        file="scheduler.py",
+        old=(
+            "            if victim is request:\n"
+            "                phase_over = True\n"
+            "                break\n"
+        ),
+        new="",
+        target="spec.scheduler.schedule_running",
+    ),
+    PlantedBug(
+        name="A-swap-out-cpu-not-taken",
+        where="swap-out",
+        bug="a swapped-out victim's CPU blocks are not taken from the CPU free count",
+        file="scheduler.py",
+        old=(
+            "    if mode is PreemptionMode.SWAP:\n"
+            "        free_cpu -= blocks_held(after.num_computed_tokens, bs)\n"
+        ),
+        new="",
+        target="spec.scheduler.release_victim",
+    ),
+    PlantedBug(
+        name="A-shared-block-freed",
+        where="preemption (prefix caching)",
+        bug="a victim's blocks that another running request shares are freed too (PC6)",
+        file="scheduler.py",
+        old="        cache = release(cache, victim.block_ids, holders(others))\n",
+        new="        cache = release(cache, victim.block_ids, {})\n",
+        target="spec.scheduler.release_victim",
+    ),
+    # --- phase B: swapping in ----------------------------------------------------------
+    PlantedBug(
+        name="B-swap-in-cpu-not-freed",
+        where="swap-in",
+        bug="a swapped-in request's CPU blocks are not given back",
+        file="scheduler.py",
+        old="        free_cpu += blocks_held(computed, bs)\n",
+        new="",
+        target="spec.scheduler.swap_in_requests",
+    ),
+    PlantedBug(
+        name="B-swap-in-chunk-blocks-only",
+        where="swap-in",
+        bug="a swap-in takes GPU blocks for its chunk only, not for the prefix copied back",
+        file="scheduler.py",
+        old="        gpu_blocks = blocks_held(computed + n, bs)\n",
+        new="        gpu_blocks = blocks_held(n, bs)\n",
+        target="spec.scheduler.swap_in_requests",
+    ),
+    PlantedBug(
+        name="B-swap-in-ignores-max-num-seqs",
+        where="swap-in",
+        bug="swap-in does not stop at max_num_seqs running requests",
+        file="scheduler.py",
+        old="        if len(moved) >= room or budget == 0:\n",
+        new="        if budget == 0:\n",
+        target="spec.scheduler.swap_in_requests",
+    ),
+    # --- phase C: admission --------------------------------------------------------------
+    PlantedBug(
+        name="C-admit-blocks-rounded-down",
+        where="admission arithmetic",
+        bug="an admitted chunk takes floor(n / bs) blocks instead of cdiv(n, bs)",
+        file="scheduler.py",
+        old="        gpu_blocks = cdiv(start + n, bs) - len(hit)\n",
+        new="        gpu_blocks = (start + n) // bs - len(hit)\n",
+        target="spec.scheduler.admit_waiting",
+    ),
+    PlantedBug(
+        name="C-admit-free-off-by-one",
+        where="admission arithmetic",
+        bug="the free-block check admits a chunk needing one block more than is free",
+        file="scheduler.py",
+        old="    if n > budget or blocks_held(start + n, config.block_size) - num_hit > free:\n",
+        new=(
+            "    if n > budget or blocks_held(start + n, config.block_size) - num_hit > free + 1:\n"
+        ),
+        target="spec.scheduler.prefill_fit",
+    ),
+    PlantedBug(
+        name="C-admit-unchunked-over-budget",
+        where="admission arithmetic",
+        bug="with chunked prefill off, a prefill larger than the budget left is admitted",
+        file="scheduler.py",
+        old="    if n > budget or blocks_held(start + n, config.block_size) - num_hit > free:\n",
+        new="    if blocks_held(start + n, config.block_size) - num_hit > free:\n",
+        target="spec.scheduler.prefill_fit",
+    ),
+    PlantedBug(
+        name="C-admitted-stays-waiting",
+        where="admission",
+        bug="an admitted request is not removed from waiting",
+        file="scheduler.py",
+        old="        waiting=tuple(r for r in state.waiting if r.request_id not in admitted),\n",
+        new="        waiting=state.waiting,\n",
+        target="spec.scheduler.admit_waiting",
+    ),
+    PlantedBug(
+        name="C-admit-while-swapped",
+        where="admission",
+        bug="new requests are admitted while swapped requests wait to come back",
+        file="scheduler.py",
+        old="    if draft.preempted or state.swapped or not state.waiting:\n",
+        new="    if draft.preempted or not state.waiting:\n",
+        target="spec.scheduler.admit_waiting",
+    ),
+    # --- phase D: sampling and finishing ---------------------------------------------------
+    PlantedBug(
+        name="D-finish-frees-before-chunk",
+        where="finish",
+        bug="a finished request frees the blocks it held before this step's chunk",
+        file="scheduler.py",
+        old="            freed += blocks_held(computed, bs)\n",
+        new="            freed += blocks_held(request.num_computed_tokens, bs)\n",
+        target="spec.scheduler.complete_step",
+    ),
+    PlantedBug(
+        name="D-length-off-by-one",
+        where="finish",
+        bug="the length check counts the outputs before the new token (finishes one late)",
+        file="scheduler.py",
+        old="            len(outputs),\n        )\n",
+        new="            len(request.output_token_ids),\n        )\n",
+        target="spec.scheduler.complete_step",
+    ),
+    PlantedBug(
+        name="D-sampled-not-advanced",
+        where="phase D",
+        bug="a request that sampled keeps its old computed count",
+        file="scheduler.py",
+        old=(
+            "                output_token_ids=outputs,\n"
+            "                num_computed_tokens=computed,\n"
+        ),
+        new=(
+            "                output_token_ids=outputs,\n"
+            "                num_computed_tokens=request.num_computed_tokens,\n"
+        ),
+        target="spec.scheduler.complete_step",
+    ),
+    PlantedBug(
+        name="D-eos-dropped",
+        where="finish",
+        bug="a request that stops on EOS is reported without the EOS token",
+        file="scheduler.py",
+        old=(
+            "                    output_token_ids=outputs,\n"
+            "                    finish_reason=reason,\n"
+        ),
+        new=(
+            "                    output_token_ids=outputs if reason is FinishReason.LENGTH "
+            "else request.output_token_ids,\n                    finish_reason=reason,\n"
+        ),
+        target="spec.scheduler.complete_step",
+    ),
+    # --- abort, in each queue, and add -----------------------------------------------------
+    PlantedBug(
+        name="X-abort-running-wrong-pool",
+        where="abort (running)",
+        bug="aborting a running request gives back its CPU count (0) instead of its GPU blocks",
+        file="lifecycle.py",
+        old="            num_free_gpu_blocks=state.num_free_gpu_blocks + gpu,\n",
+        new="            num_free_gpu_blocks=state.num_free_gpu_blocks + cpu,\n",
+        target="spec.lifecycle.abort_request",
+    ),
+    PlantedBug(
+        name="X-abort-swapped-frees-gpu",
+        where="abort (swapped)",
+        bug="aborting a swapped request frees GPU blocks instead of its CPU blocks",
+        file="lifecycle.py",
+        old="            num_free_cpu_blocks=state.num_free_cpu_blocks + cpu,\n",
+        new="            num_free_gpu_blocks=state.num_free_gpu_blocks + cpu,\n",
+        target="spec.lifecycle.abort_request",
+    ),
+    PlantedBug(
+        name="X-abort-waiting-drops-outputs",
+        where="abort (waiting)",
+        bug="an aborted waiting request is reported with no outputs (a recomputed one has some)",
+        file="lifecycle.py",
+        old='    if queue == "waiting":\n        request = state.waiting[index]\n',
+        new=(
+            '    if queue == "waiting":\n        request = replace(state.waiting[index], '
+            "output_token_ids=())\n"
+        ),
+        target="spec.lifecycle.abort_request",
+    ),
+    PlantedBug(
+        name="X-abort-waiting-kept",
+        where="abort (waiting)",
+        bug="an aborted waiting request stays in waiting",
+        file="lifecycle.py",
+        old="        new_state = replace(state, waiting=_without(state.waiting, index))\n",
+        new="        new_state = state\n",
+        target="spec.lifecycle.abort_request",
+    ),
+    PlantedBug(
+        name="R-arrival-not-advanced",
+        where="add_request",
+        bug="an accepted request does not advance next_arrival (two requests share one)",
+        file="lifecycle.py",
+        old="        next_arrival=state.next_arrival + 1,\n",
+        new="        next_arrival=state.next_arrival,\n",
+        target="spec.lifecycle.add_request",
+    ),
+)
+
+
+def plant(bug: PlantedBug, into: Path) -> Path:
+    """Copy ``spec/`` into ``into/spec`` with ``bug`` applied; return the edited file.
+
+    ``into`` also gets a copy of ``impl/`` and ``model/`` and a link to ``tests/`` (the
+    plugin and the driver), so CrossHair
+    run with ``into`` as its working directory and ``PYTHONPATH`` imports the copy:
+    both ``python -m`` and CrossHair put the working directory first on ``sys.path``.
+    ``ValueError`` if the edit does not match the source exactly once.
+    """
+    copy = into / "spec"
+    shutil.copytree(ROOT / "spec", copy, ignore=shutil.ignore_patterns("__pycache__"))
+    # Copied, not linked: ``spec/_clash.py`` fails the import unless ``impl`` and
+    # ``model`` resolve to folders beside the copy's ``spec``.
+    for package in ("impl", "model"):
+        shutil.copytree(
+            ROOT / package, into / package, ignore=shutil.ignore_patterns("__pycache__")
+        )
+    (into / "tests").symlink_to(ROOT / "tests", target_is_directory=True)
+    path = copy / bug.file
+    source = path.read_text()
+    count = source.count(bug.old)
+    if count != 1:
+        raise ValueError(f"{bug.name}: the edit matches spec/{bug.file} {count} times, not once")
+    path.write_text(source.replace(bug.old, bug.new))
+    return path
