@@ -12,9 +12,12 @@ swapped state), id reuse after finish or abort, and the suite's request strategy
 requests (the peers' front ends validate, not their schedulers) and duplicate live ids
 (likewise).
 
-Configurations: block sizes 1-16 (nano-vllm >= 2), pools of 8-64 tokens, budgets from
-1 (vLLM: from ``max_num_seqs``, V6), ``max_num_seqs`` from 1, chunked prefill on or off
-(nano-vllm: off, N2), ``lifo`` (vLLM also ``priority``), recompute only (V7).
+Configurations: the suite's ``profile_configs`` (tests/stateful/strategies.py), which
+derives each bound from the profile's constraints (``SchedulerConfig.__post_init__``):
+block sizes 1-16 (nano-vllm >= 2), pools of 8-64 tokens, budgets from 1 (vLLM: from
+``max_num_seqs``, V6; nano-vllm: half the time below ``max_num_seqs``), ``max_num_seqs``
+from 1, chunked prefill on or off (nano-vllm: off, N2), ``lifo`` (vLLM also ``priority``),
+recompute only (V7), vLLM's ``max_model_len`` drawn or its default (>= 2).
 
 nano-vllm's prefix cache is always on and the spec does not model it yet (N7): every
 request's first token is its own (never reused within an example), so no two requests
@@ -52,7 +55,7 @@ from kvsched.peers import PROFILES, make_peer
 from kvsched.peers.known import KnownBug, classify
 from kvsched.peers.lockstep import Diverged, Lockstep, describe
 from spec.oracle import HashOracle
-from spec.types import PreemptionMode, SamplingParams, SchedulerConfig, StepPlan
+from spec.types import RequestState, SamplingParams, SchedulerConfig, StepPlan
 from tests.stateful.base import REQUESTS, RecordedMachine, checked
 from tests.stateful.failures import fail
 from tests.stateful.machine import ProgressKey, drain_bound, progress_key
@@ -63,6 +66,7 @@ from tests.stateful.strategies import (
     NEW_REQUESTS,
     NewRequest,
     fit_sizes,
+    profile_configs,
 )
 from tests.stateful.toy import toy_solo
 
@@ -79,29 +83,6 @@ FIRST_TOKEN: Final = 10_000
 #: which ends the example, and a quarter of all requests would end most examples.
 FITTING: Final = NEW_REQUESTS.map(lambda req: replace(req, oversize=False))
 OVERSIZE: Final = NEW_REQUESTS.map(lambda req: replace(req, oversize=True))
-
-
-@st.composite
-def peer_configs(draw: st.DrawFn, peer: str) -> SchedulerConfig:
-    """Small pools so preemption really happens; what ``peer`` supports of the suite's
-    ranges (tests/stateful/strategies.py, ``engine_configs``)."""
-    nano = peer == "nano-vllm"
-    block_size = draw(st.sampled_from(tuple(b for b in BLOCK_SIZES if b >= 2 or not nano)))
-    gpu_tokens = draw(st.integers(8, 64))
-    max_num_seqs = draw(st.sampled_from((2, 3, 4, 6, 8, 1)))
-    budget = draw(st.integers(1, 8) | st.integers(1, 64))  # small budgets half the time
-    if not nano:
-        budget = max(budget, max_num_seqs)  # vLLM refuses less (V6)
-    return SchedulerConfig(
-        num_gpu_blocks=max(2, gpu_tokens // block_size),
-        block_size=block_size,
-        max_num_batched_tokens=budget,
-        max_num_seqs=max_num_seqs,
-        enable_chunked_prefill=False if nano else draw(st.booleans()),
-        preemption_mode=PreemptionMode.RECOMPUTE,
-        policy="lifo" if nano else draw(st.sampled_from(("lifo", "priority"))),
-        semantics=PROFILES[peer],
-    )
 
 
 #: Paths a ``ci`` run of a peer machine must reach (the suite's labels).
@@ -134,8 +115,9 @@ REQUIRED_VLLM: Final = {e for e in REQUIRED_NANO if not e.startswith("nano-vllm/
     "vllm-v1/max-model-len: length at max_model_len",
     # Not required: vllm-v1/priority-victim-any-running (a victim already scheduled in
     # the step) needs a worse-priority request admitted before better ones under
-    # pressure; the ci run does not reach it (tests/peers/repros/priority_victim_scheduled
-    # does, and the stateful suite's machines against our engine).
+    # pressure; the ci run reaches it in one step only, too rare to require
+    # (tests/peers/repros/priority_victim_scheduled does, and the stateful suite's
+    # machines against our engine).
     "vllm-v1/full-sequence-admission: the gate held a request back",
     "preempt: several victims in one step",
     "config: block_size=1",
@@ -164,7 +146,7 @@ class PeerMachine(RecordedMachine):
 
     @initialize(
         target=REQUESTS,
-        config=st.runner().flatmap(lambda machine: peer_configs(machine.PEER)),
+        config=st.runner().flatmap(lambda machine: profile_configs(PROFILES[machine.PEER])),
         eos=st.integers(0, VOCAB - 1),
         initial=st.lists(FITTING, min_size=1, max_size=8),
     )
@@ -325,24 +307,39 @@ class PeerMachine(RecordedMachine):
             self.abort_id(request_id)
 
     @precondition(lambda self: self.running() and spec.has_unfinished_requests(self.lock.state))
-    @rule(
-        queue=st.sampled_from(("waiting", "running", "prefilling")),
-        pick=st.integers(0, 2**16),
-    )
+    @rule(queue=st.sampled_from(("waiting", "running")), pick=st.integers(0, 2**16))
     @checked
     def abort_live(self, queue: str, pick: int) -> None:
-        """Abort a live request of ``queue`` (``prefilling``: running, in the middle of a
-        chunked prefill), or of the first non-empty queue."""
+        """Abort a live request of ``queue``, or of the other one if it is empty."""
         state = self.lock.state
-        chosen = {
-            "waiting": state.waiting,
-            "running": state.running,
-            "prefilling": tuple(
-                r for r in state.running if r.num_tokens - r.num_computed_tokens > 1
-            ),
-        }
-        candidates = chosen[queue] or state.waiting or state.running
+        candidates = getattr(state, queue) or state.waiting or state.running
         self.abort_id(candidates[pick % len(candidates)].request_id)
+
+    # The two states below last a step or two (a victim is re-prefilled as soon as it
+    # fits, a chunked prefill ends in a few chunks): rules of their own, enabled exactly
+    # while one exists, abort there far more often than a pick among all live requests.
+
+    @precondition(lambda self: self.running() and bool(self.preempted_waiting()))
+    @rule(pick=st.integers(0, 2**16))
+    @checked
+    def abort_preempted(self, pick: int) -> None:
+        """Abort a request waiting after a preemption."""
+        victims = self.preempted_waiting()
+        self.abort_id(victims[pick % len(victims)].request_id)
+
+    @precondition(lambda self: self.running() and bool(self.prefilling()))
+    @rule(pick=st.integers(0, 2**16))
+    @checked
+    def abort_prefilling(self, pick: int) -> None:
+        """Abort a running request in the middle of a chunked prefill."""
+        partial = self.prefilling()
+        self.abort_id(partial[pick % len(partial)].request_id)
+
+    def preempted_waiting(self) -> tuple[RequestState, ...]:
+        return tuple(r for r in self.lock.state.waiting if r.num_preemptions)
+
+    def prefilling(self) -> tuple[RequestState, ...]:
+        return tuple(r for r in self.lock.state.running if r.num_tokens - r.num_computed_tokens > 1)
 
     def abort_id(self, request_id: str) -> None:
         where = find_live(self.lock.state, request_id)
@@ -370,7 +367,7 @@ class PeerMachine(RecordedMachine):
                 self.do_step()
 
     @precondition(lambda self: self.running())
-    @rule(limit=st.integers(1, 40), abort_victim=st.booleans())
+    @rule(limit=st.integers(1, 40), abort_victim=st.sampled_from((True, True, False)))
     @checked
     def run_until_preemption(self, limit: int, abort_victim: bool) -> None:
         """Step until a step preempts; then maybe abort its last victim at once, while
