@@ -232,7 +232,9 @@ def progress_violations(before: SchedulerState, plan: StepPlan) -> tuple[str, ..
     stated for the profiles that serve ``running`` first (kvsched, vllm-v1); under
     nano-vllm/prefill-first admission comes first with the whole budget and decodes
     only in steps that admit nobody, a different order this rule does not describe,
-    so nano-vllm steps are not judged.
+    so nano-vllm steps are not judged. Nor are steps with prefix caching on: there
+    what fits depends on each candidate's hit and on the blocks the earlier admissions
+    touched or reclaimed (PC3-PC5), which this rule does not follow yet.
     Derivation of the wait bound: R5-R8 decide the chunks of a step in the order
     running, swapped, waiting, each phase head-of-line on what the previous left; a
     victim is only ever behind requests that came before it, so the head of
@@ -246,7 +248,7 @@ def progress_violations(before: SchedulerState, plan: StepPlan) -> tuple[str, ..
     arbitrary plan names requests ``before`` lacks).
     """
     config = before.config
-    if plan.preempted or prefill_first(config):
+    if plan.preempted or prefill_first(config) or config.enable_prefix_caching:
         return ()
     found: list[str] = []
     num_back = len(plan.swapped_in)
