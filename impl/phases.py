@@ -4,6 +4,10 @@ Phases A-C (``schedule_running``, ``swap_in``, ``admit``) decide what runs, muta
 queues and block tables and record every change in the ``SchedulerOutput`` so that
 ``impl/rollback.py`` can undo it; phase D (``commit``) applies the sampled tokens and
 finishes requests. ``Scheduler.schedule`` and ``Scheduler.commit`` call them in order.
+
+Over ~300 lines on purpose: the phases share the loop state of one step (budget, free
+blocks, the output journal) and read best in the order they run, each next to the
+rule it implements, rather than split across files that would pass that state around.
 """
 
 from __future__ import annotations

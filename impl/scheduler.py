@@ -23,6 +23,10 @@ per admission attempt for ``reserve`` while the running requests' peaks overflow
 pool (O(1) otherwise), and a ``del`` (memmove) per finished request. Nothing walks the
 waiting queue beyond the requests admitted plus one, and nothing but that ``reserve``
 estimate scans every running request.
+
+Over ~300 lines because the class holds the step's outline, ``add_request``'s R4
+checks (with the profiles' variants) and ``abort_request`` in every state; the phases,
+rollback, plan, queues and prefix cache live in their own modules.
 """
 
 from __future__ import annotations

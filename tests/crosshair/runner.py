@@ -98,6 +98,8 @@ PREDICATES = {
     "spec.scheduler.draft_violations": "the predicate of the phases' contracts",
     "spec.scheduler.samples": "a predicate of one chunk",
     "spec.contracts.within_bounds": "the size predicate of the wrappers",
+    "spec.liveness.progress_violations": "Rule P itself, a predicate over a state and a "
+    "plan (an arbitrary plan names requests the state lacks)",
 }
 """Public spec functions that need no contract of their own: they *are* specification."""
 
