@@ -711,6 +711,37 @@ MUTANTS: tuple[Mutant, ...] = (
         expect=DIVERGES,
     ),
     mutant(
+        "cm-prefix-fit-ignores-hit",
+        "admission also asks the whole prompt to fit, as if the request had no cache hit "
+        "(its chunk still starts after the hit), in spec and engine: a head that fits "
+        "with its hit waits",
+        (
+            SPEC_SCHED,
+            "        if n == 0 or not full_sequence_fits(config, request, free):\n",
+            "        if (\n"
+            "            n == 0\n"
+            "            or not full_sequence_fits(config, request, free)\n"
+            "            or not prefill_fit(\n"
+            "                request, config, start=0, num_hit=0, budget=budget, free=free\n"
+            "            )\n"
+            "        ):\n",
+        ),
+        (
+            PHASES,
+            "        if taken > free:\n",
+            "        if (\n"
+            "            taken > free\n"
+            "            or (seq.num_tokens > budget and not config.enable_chunked_prefill)\n"
+            "            or cdiv(min(seq.num_tokens, budget), bs) > free\n"
+            "        ):\n",
+        ),
+        machines=PREFIX_MACHINES,
+        # Only more cautious: no state, plan or pool rule breaks, and both sides agree;
+        # Rule P with hits is what sees the head that fits but waits.
+        expect=("no_idle_wait",),
+        common_mode=True,
+    ),
+    mutant(
         "prefix-rollback-skips-cached-kv",
         "a failed forward is rolled back without restoring the K/V of reclaimed cached blocks",
         (
