@@ -647,6 +647,48 @@ MUTANTS: tuple[Mutant, ...] = (
         expect=("spec_state_valid", "blocks_conserved", "no_crash/are not the last ones freed"),
         common_mode=True,
     ),
+    # --- profile rules (docs/semantics.md, "Semantics profiles") ---------------------------
+    mutant(
+        "vllm-v1-full-sequence-gate-off-by-one",
+        "vllm-v1/full-sequence-admission admits a request whose whole sequence needs one "
+        "block more than is free",
+        (
+            PHASES,
+            "        if full_sequence_gate and cdiv(seq.num_tokens, bs) > free:\n",
+            "        if full_sequence_gate and cdiv(seq.num_tokens, bs) > free + 1:\n",
+        ),
+        expect=DIVERGES,
+    ),
+    mutant(
+        "nano-vllm-victim-last",
+        "nano-vllm/victim-next preempts the last candidate (upstream nano-vllm's and lifo's "
+        "choice) instead of the one after the current request",
+        (
+            PHASES,
+            "            victim_index = index + 1 if index + 1 < len(running) else index\n",
+            "            victim_index = len(running) - 1\n",
+        ),
+        expect=DIVERGES,
+    ),
+    mutant(
+        "cm-nano-vllm-seats-count-running",
+        "nano-vllm's admission counts max_num_seqs against running (kvsched's R8) instead "
+        "of this step's admissions (nano-vllm/seq-limit-per-step), in spec and engine",
+        (
+            SPEC_SCHED,
+            "    seats = config.max_num_seqs - (len(running) if running_capped(config) else 0)\n",
+            "    seats = config.max_num_seqs - len(running)\n",
+        ),
+        (
+            PHASES,
+            "    room = config.max_num_seqs - (0 if sched.prefill_first else len(running))\n",
+            "    room = config.max_num_seqs - len(running)\n",
+        ),
+        # Only more cautious, and both sides agree: Rule P under nano-vllm (phase C first,
+        # with max_num_seqs seats of its own) sees the head that fits but waits.
+        expect=("no_idle_wait",),
+        common_mode=True,
+    ),
     # --- prefix caching (PC1-PC9), on the machines with caching on --------------------------
     mutant(
         "prefix-stale-key",

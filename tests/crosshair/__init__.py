@@ -2,3 +2,6 @@
 
 See docs/crosshair.md.
 """
+
+FIRST_ERROR = "KVSCHED_CROSSHAIR_FIRST_ERROR"
+"""Set in ``tests.crosshair.driver``'s environment: stop at the first counterexample."""

@@ -22,12 +22,20 @@ from the function's name and the postcondition's text instead: still reproducibl
 (the same condition explores the same paths, in the real spec and in a planted copy),
 but different conditions explore different paths.
 
+With ``KVSCHED_CROSSHAIR_FIRST_ERROR`` set (the planted stage sets it), the first
+counterexample is printed as soon as its postcondition's search ends, in CrossHair's own
+``file:line: error: ...`` form, and the process exits with status 1. CrossHair itself
+prints its messages only after every postcondition of the function was searched, so a
+planted bug found by the first of two postconditions in 2 s used to cost the whole
+budget of the second one too before it showed up.
+
 The wrapped names are internals of the pinned ``crosshair-tool`` version; if they
 move, the runner finds no ``paths:`` line and says so.
 """
 
 from __future__ import annotations
 
+import os
 import random
 import sys
 import zlib
@@ -35,7 +43,9 @@ from collections.abc import Callable
 from typing import Any
 
 from crosshair import IgnoreAttempt, core
-from crosshair.main import main
+from crosshair.main import main, short_describe_message
+
+from tests.crosshair import FIRST_ERROR
 
 _counts: list[list[int]] = []  # [run, discarded] of the condition being analysed
 _seed: list[int] = []  # the seed of the condition being analysed
@@ -75,6 +85,13 @@ def _analyze_calltree(options: Any, conditions: Any) -> Any:
     discarded = sum(c[1] for c in _counts[start:])
     del _counts[start:]
     sys.stdout.write(f"{post.filename}:{post.line}: paths: {run} run, {discarded} discarded\n")
+    if os.environ.get(FIRST_ERROR):
+        for message in analysis.messages:
+            line = short_describe_message(message, options)
+            if line is not None and ": error: " in line:
+                sys.stdout.write(line + "\n")
+                sys.stdout.flush()
+                os._exit(1)  # no cleanup to wait for: the searches are over
     sys.stdout.flush()
     return analysis
 

@@ -96,6 +96,15 @@ PLANTED: tuple[PlantedBug, ...] = (
         new="",
         target="spec.scheduler.release_victim",
     ),
+    PlantedBug(
+        name="A-shared-block-freed",
+        where="preemption (prefix caching)",
+        bug="a victim's blocks that another running request shares are freed too (PC6)",
+        file="scheduler.py",
+        old="        cache = release(cache, victim.block_ids, holders(others))\n",
+        new="        cache = release(cache, victim.block_ids, {})\n",
+        target="spec.scheduler.release_victim",
+    ),
     # --- phase B: swapping in ----------------------------------------------------------
     PlantedBug(
         name="B-swap-in-cpu-not-freed",

@@ -36,6 +36,7 @@ import ast
 import os
 import re
 import resource
+import signal
 import subprocess
 import sys
 import tempfile
@@ -49,6 +50,7 @@ from pathlib import Path
 
 from impl.policies import POLICIES as IMPL_POLICIES
 from spec.policies import POLICIES as SPEC_POLICIES
+from tests.crosshair import FIRST_ERROR
 from tests.crosshair.adapters import PAIRS
 from tests.crosshair.evidence import RESTATEMENTS
 from tests.crosshair.planted import PLANTED, PlantedBug, plant
@@ -476,7 +478,8 @@ def run_planted(bug: PlantedBug, budget: float, timeout: float) -> PlantedResult
             plant(bug, Path(tmp))
         except ValueError as error:
             return PlantedResult(bug, False, 0.0, 0.0, f"not planted: {error}")
-        env = {**_env(), "PYTHONPATH": tmp}  # the copy, not the real spec
+        # The copy, not the real spec; and stop at the first counterexample (driver.py).
+        env = {**_env(), "PYTHONPATH": tmp, FIRST_ERROR: "1"}
         process = subprocess.Popen(
             check_command([bug.target], budget),
             cwd=tmp,
@@ -485,7 +488,10 @@ def run_planted(bug: PlantedBug, budget: float, timeout: float) -> PlantedResult
             stderr=subprocess.STDOUT,
             text=True,
         )
-        killer = threading.Timer(timeout, process.kill)
+        # os.kill, not Popen.kill: that one polls first and may reap a process that has
+        # just exited (the driver exits after the first counterexample), and wait4 below
+        # would then find no child.
+        killer = threading.Timer(timeout, os.kill, (process.pid, signal.SIGKILL))
         killer.start()
         found_line = ""
         tail: list[str] = []
@@ -495,7 +501,7 @@ def run_planted(bug: PlantedBug, budget: float, timeout: float) -> PlantedResult
             match = _REPORT_LINE.match(line.rstrip())
             if match and match["kind"] == "error" and match["file"].startswith(tmp):
                 found_line = line.rstrip().replace(tmp + "/", "")
-                process.kill()
+                os.kill(process.pid, signal.SIGKILL)
                 break
         _, _, usage = os.wait4(process.pid, 0)  # reaps it, with its CPU time
         process.returncode = -1

@@ -37,6 +37,7 @@ from __future__ import annotations
 import collections.abc
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
+from dataclasses import replace
 from typing import Any, TypeVar, cast
 
 import crosshair
@@ -567,6 +568,49 @@ def make_draft(p: SymbolicFactory) -> StepDraft:
         return StepDraft(state=state, budget=state.config.max_num_batched_tokens)
 
 
+MAX_VICTIM_BLOCKS = 3
+"""The most GPU blocks a ``victim`` argument holds (ids ``0..k-1``, concrete)."""
+
+
+class _Victim:
+    """The block ids of the ``victim`` built on the current path, if any (one per path)."""
+
+    def __init__(self, solver: object) -> None:
+        self.block_ids: tuple[int, ...] = ()
+
+
+def make_request_state(p: SymbolicFactory) -> RequestState | None:
+    """A ``victim`` argument holding a small concrete pool of blocks, and running
+    requests built after it on the same path that share them (prefix caching, PC6).
+
+    ``release_victim(victim, ..., cache, others)`` frees the victim's blocks that none
+    of ``others`` holds. CrossHair's own builder gives every request a symbolic tuple
+    of symbolic block ids, and a block shared by the victim and another request then
+    needs the solver to make two ids equal inside ``holders``' counter and ``release``'s
+    sets (symbolic dict keys): that path was reached once in 13 CPU s and missed at 16
+    the next run. Here the victim holds blocks ``0..k-1`` (``k`` in
+    0..``MAX_VICTIM_BLOCKS``, about the same share each) and each request built later on
+    the path (an element of ``others``, named ``RequestState_inheap...`` by CrossHair)
+    holds, on about half of the paths, one of them (else none): the shares are
+    concrete choices, every other field stays CrossHair's own symbolic value. Any other
+    ``RequestState`` (None here) is CrossHair's own.
+    """
+    with NoTracing():
+        victim = p.space.extra(_Victim)
+    if p.varname.startswith("victim"):
+        block_ids = tuple(range(concrete_int(p, "_num_blocks", 0, MAX_VICTIM_BLOCKS)))
+        with NoTracing():
+            victim.block_ids = block_ids
+    elif victim.block_ids and p.varname.startswith("RequestState_inheap"):
+        shares = choose(p, "_shares_a_block", 0.5)
+        block_ids = (choose_one(p, "_shared", victim.block_ids),) if shares else ()
+    else:
+        return None
+    request = crosshair.core.proxy_for_class(RequestState, p.varname)
+    with ResumedTracing():
+        return replace(request, block_ids=block_ids)
+
+
 _REGISTERED: dict[type, Any] = {}
 
 
@@ -600,6 +644,9 @@ def register() -> None:
         if typ not in _REGISTERED:
             register_type(typ, creator)
             _REGISTERED[typ] = creator
+    if RequestState not in _REGISTERED:
+        _replace_builder(RequestState, make_request_state)
+        _REGISTERED[RequestState] = make_request_state
     replaced: tuple[tuple[type, Callable[..., Any]], ...] = (
         (collections.abc.Mapping, make_tokens),
         (collections.abc.Sequence, make_prompt),

@@ -100,13 +100,19 @@ def test_a_step_that_preempts_is_not_judged() -> None:
 # --- with prefix caching on: "fits" is PC4's test on the pool the earlier chunks left ----
 
 
-def cached(num_gpu_blocks: int, max_num_batched_tokens: int) -> SchedulerConfig:
+def cached(
+    num_gpu_blocks: int,
+    max_num_batched_tokens: int,
+    chunked: bool = False,
+    mode: PreemptionMode = PreemptionMode.RECOMPUTE,
+) -> SchedulerConfig:
     return SchedulerConfig(
         num_gpu_blocks=num_gpu_blocks,
         block_size=2,
         max_num_batched_tokens=max_num_batched_tokens,
-        enable_chunked_prefill=False,
+        enable_chunked_prefill=chunked,
         enable_prefix_caching=True,
+        preemption_mode=mode,
     )
 
 
@@ -151,15 +157,7 @@ def test_spec_runs_with_prefix_caching_keep_rule_p() -> None:
     judged = 0
     for mode in (PreemptionMode.RECOMPUTE, PreemptionMode.RESTART):
         for budget, chunked in ((6, True), (16, False), (64, True)):
-            cfg = SchedulerConfig(
-                num_gpu_blocks=10,
-                block_size=2,
-                max_num_batched_tokens=budget,
-                enable_chunked_prefill=chunked,
-                enable_prefix_caching=True,
-                preemption_mode=mode,
-            )
-            state = init_state(cfg)
+            state = init_state(cached(10, budget, chunked, mode))
             for i in range(6):
                 tokens = (*prompt(4), *prompt(1 + i % 3, 40 + i))
                 state = add_request(state, f"r{i}", tokens, SamplingParams(max_tokens=6))
