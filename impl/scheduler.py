@@ -265,8 +265,10 @@ class Scheduler:
             self.prefix_cache.begin()
         budget = self.config.max_num_batched_tokens
         try:
+            # Phases B and C only when someone is swapped or waiting: most steps are not.
             if self.prefill_first:
-                budget = phases.admit(self, out, budget)
+                if self.waiting:
+                    budget = phases.admit(self, out, budget)
                 if not out.num_admitted:
                     phases.decode_unbudgeted(self, out)
             else:
@@ -274,7 +276,7 @@ class Scheduler:
                 if not out.preempted:
                     if self.swapped:
                         budget = phases.swap_in(self, out, budget)
-                    if not self.swapped:
+                    if not self.swapped and self.waiting:
                         budget = phases.admit(self, out, budget)
         except BaseException:
             rollback(self, out)
