@@ -358,7 +358,11 @@ def commit(
 def finish_all(
     sched: Scheduler, out: SchedulerOutput, finishing: list[Sequence]
 ) -> list[FinishedRequest]:
-    """The requests that reached their end (in plan order) leave ``running`` and the engine."""
+    """The requests that reached their end (in plan order) leave ``running`` and the engine.
+
+    Their positions are searched for here, in one forward pass over the chunks, so that
+    ``commit``'s loop carries no index for the steps (most of them) where none finishes.
+    """
     finished = [finish(sched, seq) for seq in finishing]
     scheduled = out.scheduled
     positions: list[int] = []

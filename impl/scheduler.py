@@ -20,7 +20,8 @@ Per-step cost (``R`` running requests, ``S`` scheduled, ``W``/``W'`` waiting/swa
 requests brought in, ``V`` victims): O(S + W + W' + blocks allocated) for phases
 A-D, plus O(R) per victim for non-LIFO policies (a scan of the candidates), O(R log R)
 per admission attempt for ``reserve`` while the running requests' peaks overflow the
-pool (O(1) otherwise), and a ``del`` (memmove) per finished request. Nothing walks the
+pool (O(1) otherwise), and in a step where requests finish, one forward search of its
+chunks (``list.index``, O(S) in all) and a ``del`` (memmove) per finished request. Nothing walks the
 waiting queue beyond the requests admitted plus one, and nothing but that ``reserve``
 estimate scans every running request.
 
