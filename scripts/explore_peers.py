@@ -31,6 +31,7 @@ import re
 import time
 from pathlib import Path
 
+import spec
 from kvsched.errors import DrainError
 from kvsched.peers import PROFILES, PeerUnsupportedError, common_eos, make_peer
 from kvsched.peers.known import classify
@@ -40,6 +41,7 @@ from kvsched.peers.protocol import SchedulerUnderTest
 from kvsched.workload import WorkloadRequest
 from spec.oracle import HashOracle
 from spec.types import ConfigError, SamplingParams, SchedulerConfig, Semantics
+from tests.stateful.nano_cache import nano_cache_events
 
 ORACLE_VOCAB = 8
 ORACLE = HashOracle(vocab_size=ORACLE_VOCAB)
@@ -138,10 +140,13 @@ def run_with_aborts(
     workload: list[WorkloadRequest],
     rng: random.Random,
     p_abort: float,
+    *,
+    events: set[str] | None = None,
 ) -> LockstepReport:
     """Like ``run_workload``, plus: before each step, with probability ``p_abort``, abort
     a random live request (waiting, running or preempted) not aborted before, and
-    re-add its id later."""
+    re-add its id later. ``events`` collects the nano-vllm cache rules' coverage events
+    of the steps both sides agreed on (tests/stateful/nano_cache.py)."""
     lock = Lockstep(peer, config, ORACLE)
     pending = sorted(workload, key=lambda r: r.arrival_step)
     aborted: set[str] = set()
@@ -177,7 +182,10 @@ def run_with_aborts(
                 # arrivals, and a steady stream of them can starve decodes (nano-vllm's
                 # prefill-first steps). Tallied, not a divergence.
                 raise DrainError("no drain within 500 steps (agreed at every step)")
-            lock.step()
+            before = lock.state
+            plan = lock.step()
+            if events is not None:
+                events.update(nano_cache_events(before, spec.schedule(before)[0], plan, lock.state))
         lock.finish()
     except Diverged as e:
         divergence = e.divergence
@@ -225,6 +233,7 @@ def main() -> int:
     )
     args = parser.parse_args()
     kinds: collections.Counter[str] = collections.Counter()
+    runs_with: collections.Counter[str] = collections.Counter()  # runs that met each event
     examples: dict[str, str] = {}
     agree = steps = 0
     started = time.perf_counter()
@@ -250,8 +259,10 @@ def main() -> int:
         except (PeerUnsupportedError, ConfigError) as e:
             kinds[f"unsupported: {e}"] += 1
             continue
-        if args.aborts:
-            report = run_with_aborts(peer, config, workload, rng, args.aborts)
+        if args.aborts or args.shared_prefix:
+            events: set[str] = set()
+            report = run_with_aborts(peer, config, workload, rng, args.aborts, events=events)
+            runs_with.update(events)
         else:
             report = run_workload(peer, config, workload, ORACLE)
         steps += report.steps
@@ -279,6 +290,8 @@ def main() -> int:
     for kind, count in kinds.most_common():
         print(f"{count:5d}  {kind}")
         print(f"       e.g. {examples.get(kind, '')}")
+    for event, count in sorted(runs_with.items()):
+        print(f"{count:5d}  runs with: {event}")
     return 0
 
 
