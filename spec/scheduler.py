@@ -116,8 +116,11 @@ def draft_violations(before: StepDraft, after: StepDraft) -> tuple[str, ...]:
     if after.swapped_in[: len(before.swapped_in)] != before.swapped_in:
         found.append("R7: an earlier swap-in changed")
     new = after.scheduled[old:]
+    # nano-vllm/decode-unbudgeted: phase A's chunks (of requests running before it) are
+    # not charged; an admission is, even one that starts after a cache hit.
     unbudgeted = decode_unbudgeted(after.state.config)
-    charged = sum(c.num_tokens for c in new if not (unbudgeted and c.start > 0))
+    decoding = {r.request_id for r in before.state.running} if unbudgeted else set()
+    charged = sum(c.num_tokens for c in new if c.request_id not in decoding)
     if after.budget != before.budget - charged or after.budget < 0:
         found.append(f"R5: budget {before.budget} -> {after.budget} for {len(new)} new chunks")
     running = {r.request_id: r for r in after.state.running}
