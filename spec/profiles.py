@@ -291,6 +291,7 @@ def key_blocks(
     """PC2 by profile, for a chunk ``start .. end`` whose blocks are ``block_ids``.
 
     pre: 0 <= start <= end <= len(tokens)
+    pre: end // config.block_size <= len(block_ids)
     post: __return__.free_queue == cache.free_queue
     """
     if nano_caching(config):
