@@ -178,7 +178,7 @@ def step_token_limit(config: SchedulerConfig) -> int:
     return config.max_num_batched_tokens
 
 
-# --- nano-vllm's prefix cache (N7, N8) ---------------------------------------------------
+# --- nano-vllm's prefix cache (N7, N8, N13) ----------------------------------------------
 #
 # nano-vllm caches prefixes always (``engine/block_manager.py``); with
 # ``enable_prefix_caching`` on, the profile follows its cache where it differs from PC1-PC9.
