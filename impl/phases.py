@@ -188,6 +188,7 @@ def decode_unbudgeted(sched: Scheduler, out: SchedulerOutput) -> None:
     running = sched.running
     bs = sched.block_size
     gpu = sched.gpu
+    cache = sched.prefix_cache
     limit = sched.config.max_num_seqs
     num_scheduled = out.num_scheduled
     i = 0
@@ -200,6 +201,8 @@ def decode_unbudgeted(sched: Scheduler, out: SchedulerOutput) -> None:
             if need > gpu.num_free_blocks and make_room(sched, out, i, need):
                 break  # it preempted itself: the last candidate
             gpu.grow(table, len(table) + need)
+        if cache is not None:  # PC2: a decode that fills its block keys it
+            cache.cache_blocks(seq, seq.num_computed, seq.num_computed + n)
         num_scheduled.append(n)
         i += 1
     out.num_samples = i  # every chunk completes its request
@@ -255,12 +258,18 @@ def admit(sched: Scheduler, out: SchedulerOutput, budget: int) -> int:
     cache = sched.prefix_cache
     hit: list[int] = []
     full_sequence_gate = sched.full_sequence_gate
+    whole_sequence_gate = sched.whole_sequence_gate
     # nano-vllm/seq-limit-per-step: max_num_seqs counts this step's admissions only.
     room = config.max_num_seqs - (0 if sched.prefill_first else len(running))
     while len(waiting):
         if out.num_admitted >= room or budget == 0:
             break
         seq = waiting.peek()
+        # nano-vllm/admission-tests-len-seq: all its tokens and blocks, as if nothing hit.
+        if whole_sequence_gate and (
+            seq.num_tokens > budget or cdiv(seq.num_tokens, bs) > gpu.num_free_blocks
+        ):
+            break
         if cache is not None:
             hit = cache.lookup(seq)  # PC3
         start = len(hit) * bs

@@ -105,6 +105,8 @@ class Scheduler:
         self.full_sequence_gate = semantics is Semantics.VLLM_V1
         #: vllm-v1/priority-victim-any-running
         self.victim_any_running = semantics is Semantics.VLLM_V1 and config.policy == "priority"
+        #: nano-vllm/admission-tests-len-seq
+        self.whole_sequence_gate = semantics is Semantics.NANO_VLLM
         self.policy: Policy = make_policy(config.policy)
         self.policy.bind(config)
         # The policy's on_run/on_leave hooks are called only if it tracks running.
@@ -116,7 +118,13 @@ class Scheduler:
         self.prefix_cache: PrefixCachingBlockManager | None = None
         self.gpu: BlockManager | PrefixCachingBlockManager
         if config.enable_prefix_caching:
-            self.prefix_cache = PrefixCachingBlockManager(config.num_gpu_blocks, config.block_size)
+            nano = semantics is Semantics.NANO_VLLM  # nano-vllm's cache (N7)
+            self.prefix_cache = PrefixCachingBlockManager(
+                config.num_gpu_blocks,
+                config.block_size,
+                last_key_wins=nano,
+                drop_key_on_free=nano,
+            )
             self.gpu = self.prefix_cache
         else:
             self.gpu = BlockManager(config.num_gpu_blocks)
