@@ -15,8 +15,14 @@ from dataclasses import dataclass, replace
 from spec.invariants import check_state  # noqa: F401  (used by the PEP 316 contracts)
 from spec.kv import cdiv, chunk_for_prefill
 from spec.policies import get_policy
-from spec.prefix_cache import give_keys, longest_hit, num_evictable, request_tokens, take, touch
-from spec.profiles import full_sequence_fits, prefill_first, running_capped
+from spec.prefix_cache import longest_hit, num_evictable, request_tokens, take, touch
+from spec.profiles import (
+    full_sequence_fits,
+    key_blocks,
+    prefill_first,
+    running_capped,
+    whole_sequence_admissible,
+)
 from spec.scheduler import TokenOracle, step
 from spec.types import (
     PreemptionMode,
@@ -210,7 +216,8 @@ def _left_after(before: SchedulerState, plan: StepPlan, upto: int) -> _Left:
     caching on the chunks are replayed on the pool in plan order by PC2-PC5: an
     admission touches its hit (found in the pool as the earlier chunks left it), takes
     its new blocks from the head of the free queue (reclaiming their keys), and keys
-    the blocks its chunk fills; a running request's growth takes and keys likewise.
+    the blocks its chunk fills (by profile: nano-vllm/last-key-wins); a running
+    request's growth takes and keys likewise.
     Seats: ``max_num_seqs`` minus ``running`` (R8), or minus this step's admissions
     alone under nano-vllm/seq-limit-per-step.
     """
@@ -237,7 +244,7 @@ def _left_after(before: SchedulerState, plan: StepPlan, upto: int) -> _Left:
             tokens = request_tokens(_find(before, chunk.request_id))
             owned = longest_hit(cache, tokens, bs)[: chunk.start // bs]
         cache, new = take(touch(cache, owned), cdiv(end, bs) - len(owned))
-        cache = give_keys(cache, tokens, (*owned, *new), end, bs)
+        cache = key_blocks(config, cache, tokens, (*owned, *new), start=chunk.start, end=end)
         free = len(cache.free_queue)
     return _Left(budget, free, seats, cache)
 
@@ -283,8 +290,8 @@ def progress_violations(before: SchedulerState, plan: StepPlan) -> tuple[str, ..
     - **waiting** (which holds recomputed and restarted victims at its front), once
       ``swapped`` is empty after phase B: the first waiting request, in the policy's
       order, that was not admitted does not fit what phases A and B and the earlier
-      admissions left, or vllm-v1/full-sequence-admission's gate or the policy's gate
-      refuses it.
+      admissions left, or vllm-v1/full-sequence-admission's gate,
+      nano-vllm/admission-tests-len-seq's or the policy's gate refuses it.
 
     **With prefix caching on** (no swap then), "fits" is PC4's test on the pool *as the
     step's earlier chunks left it*, not as it was at the step's start: the head's hit
@@ -346,6 +353,7 @@ def progress_violations(before: SchedulerState, plan: StepPlan) -> tuple[str, ..
         if (
             n
             and full_sequence_fits(config, request, left.free)
+            and whole_sequence_admissible(config, request, left.budget, left.free)
             and policy.can_admit(_view(before, plan, upto, left), request, n)
         ):
             return (

@@ -101,8 +101,8 @@ PLANTED: tuple[PlantedBug, ...] = (
         where="preemption (prefix caching)",
         bug="a victim's blocks that another running request shares are freed too (PC6)",
         file="scheduler.py",
-        old="        cache = release(cache, victim.block_ids, holders(others))\n",
-        new="        cache = release(cache, victim.block_ids, {})\n",
+        old="        cache = release_blocks(config, cache, victim.block_ids, holders(others))\n",
+        new="        cache = release_blocks(config, cache, victim.block_ids, {})\n",
         target="spec.scheduler.release_victim",
     ),
     # --- phase B: swapping in ----------------------------------------------------------
