@@ -152,32 +152,41 @@ def test_a_hit_reclaimed_by_an_earlier_admission_no_longer_counts() -> None:
     assert progress_violations(state, plan) == ()
 
 
+def judged_shared_prefix_run(cfg: SchedulerConfig, max_tokens: int) -> int:
+    """Six requests sharing a 4-token prefix, drained with Rule P asserted on every step;
+    returns how many steps left a request waiting (the steps the rule had to judge)."""
+    state = init_state(cfg)
+    for i in range(6):
+        tokens = (*prompt(4), *prompt(1 + i % 3, 40 + i))
+        state = add_request(state, f"r{i}", tokens, SamplingParams(max_tokens=max_tokens))
+    judged = 0
+    while has_unfinished_requests(state):
+        before = state
+        state, plan = checked_step(before)
+        assert progress_violations(before, plan) == ()
+        judged += bool(before.waiting)
+    return judged
+
+
 def test_spec_runs_with_prefix_caching_keep_rule_p() -> None:
     """Shared prefixes under memory pressure, in both preemption modes, several budgets."""
     judged = 0
     for mode in (PreemptionMode.RECOMPUTE, PreemptionMode.RESTART):
         for budget, chunked in ((6, True), (16, False), (64, True)):
-            state = init_state(cached(10, budget, chunked, mode))
-            for i in range(6):
-                tokens = (*prompt(4), *prompt(1 + i % 3, 40 + i))
-                state = add_request(state, f"r{i}", tokens, SamplingParams(max_tokens=6))
-            while has_unfinished_requests(state):
-                before = state
-                state, plan = checked_step(before)
-                assert progress_violations(before, plan) == ()
-                judged += bool(before.waiting) and not plan.preempted
+            judged += judged_shared_prefix_run(cached(10, budget, chunked, mode), 6)
     assert judged >= 10
 
 
 # --- nano-vllm: phase C comes first, so only this step's admissions came before ----------
 
 
-def nano(num_gpu_blocks: int) -> SchedulerConfig:
+def nano(num_gpu_blocks: int, caching: bool = False) -> SchedulerConfig:
     return SchedulerConfig(
         num_gpu_blocks=num_gpu_blocks,
         block_size=2,
         max_num_batched_tokens=16,
         enable_chunked_prefill=False,
+        enable_prefix_caching=caching,
         semantics=Semantics.NANO_VLLM,
     )
 
@@ -213,4 +222,10 @@ def test_nano_vllm_runs_keep_rule_p() -> None:
             state, plan = checked_step(before)
             assert progress_violations(before, plan) == ()
             judged += bool(before.waiting)
+    assert judged >= 10
+
+
+def test_nano_vllm_runs_with_its_cache_keep_rule_p() -> None:
+    """Shared prefixes: hits, last-key-wins and the whole-sequence gate (N7, N8)."""
+    judged = sum(judged_shared_prefix_run(nano(blocks, caching=True), 5) for blocks in (6, 8, 12))
     assert judged >= 10
