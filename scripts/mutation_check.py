@@ -40,12 +40,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
-#: What a copy needs to run the stateful suite (kvsched/, bench/, docs/ are not needed).
+#: What a copy needs to run the stateful suite (bench/, docs/ are not needed; kvsched/
+#: holds the lockstep comparison the suite drives).
 COPIED = (
     "pyproject.toml",
     "spec",
     "impl",
     "model",
+    "kvsched",
     "tests/__init__.py",
     "tests/conftest.py",
     "tests/stateful",

@@ -167,7 +167,7 @@ class PrefixRules(DifferentialMachine):
                 self.note("prefix: resent prompt hit")
         if set(cache_before.cached) - set(cache_mid.cached):
             self.note("prefix: cached block reclaimed")
-        after = self.spec.state
+        after = self.lock.state
         held = [block for r in after.running for block in r.block_ids]
         if len(set(held)) < len(held):
             self.note("prefix: block shared by running requests")

@@ -92,7 +92,7 @@ class PrefixEngineDifferential(PrefixRules, EngineDifferential):
     admitted_now: frozenset[str] = frozenset()
 
     def do_step(self) -> StepPlan | None:
-        self.admitted_now = frozenset(r.request_id for r in self.spec.state.waiting)
+        self.admitted_now = frozenset(r.request_id for r in self.lock.state.waiting)
         return super().do_step()
 
 
