@@ -1,7 +1,7 @@
 """Prefix caching in the differential machines: shared-prefix workloads and their events.
 
 ``PrefixRules`` is mixed into a machine (``PrefixSchedulerDifferential``,
-``PrefixEngineDifferential``) whose configs turn prefix caching on. Its rules send
+``PrefixEngineDifferential``) and draws its configs with prefix caching on. Its rules send
 prompts that share tokens: the example's one system prompt under different
 suffixes, the system prompt cut at exactly ``k`` blocks, and earlier prompts sent
 again (after they finished, after their blocks were reclaimed, after a preemption:
@@ -17,13 +17,18 @@ from dataclasses import replace
 from typing import Final
 
 from hypothesis import strategies as st
-from hypothesis.stateful import MultipleResults, multiple, precondition, rule
+from hypothesis.stateful import MultipleResults, initialize, multiple, precondition, rule
 
 from spec.types import PreemptionMode, SchedulerConfig, SchedulerState, StepPlan
 from tests.stateful.base import REQUESTS, checked
 from tests.stateful.coverage import REQUIRED_EVENTS
 from tests.stateful.machine import DifferentialMachine
-from tests.stateful.strategies import NEW_REQUESTS, NewRequest
+from tests.stateful.strategies import (
+    INITIAL_REQUESTS,
+    NEW_REQUESTS,
+    NewRequest,
+    engine_configs,
+)
 
 SYSTEM_PROMPT_LEN: Final = 64
 
@@ -72,6 +77,16 @@ class PrefixRules(DifferentialMachine):
     system_prompt: tuple[int, ...] = ()
     victim_blocks: dict[int, frozenset[int]]  # arrival -> blocks it gave up when preempted
     sent: list[tuple[tuple[int, ...], NewRequest]]
+
+    @initialize(
+        target=REQUESTS, config=engine_configs(prefix_caching=True), initial=INITIAL_REQUESTS
+    )
+    @checked
+    def init_engine(
+        self, config: SchedulerConfig, initial: list[NewRequest]
+    ) -> MultipleResults[str]:
+        """The machine's own ``init_engine``, with configs that turn caching on."""
+        return self.start_engine(config, initial)
 
     def start_engine(
         self, config: SchedulerConfig, initial: list[NewRequest]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 from typing import Final
 
@@ -16,6 +17,20 @@ POLICY_NAMES: Final = tuple(sorted(spec.POLICIES))
 #: kvsched twice: the profiles share the example budget, and kvsched has the most paths
 #: (every mode and policy); each peer profile gets a quarter of the examples.
 SEMANTICS: Final = (Semantics.KVSCHED, Semantics.VLLM_V1, Semantics.KVSCHED, Semantics.NANO_VLLM)
+
+
+def printable_config(**fields: object) -> st.SearchStrategy[SchedulerConfig]:
+    """``SchedulerConfig(**fields)``, built through ``st.builds`` of constants (which draw
+    nothing, so the examples are unchanged): a failing run then prints the config as the
+    call that makes it, an enum as ``PreemptionMode('swap')``, a program that can be
+    pasted into a test."""
+    args = {
+        name: st.builds(type(value), st.just(value.value))
+        if isinstance(value, enum.Enum)
+        else st.just(value)
+        for name, value in fields.items()
+    }
+    return st.builds(SchedulerConfig, **args)
 
 
 @st.composite
@@ -59,21 +74,17 @@ def engine_configs(
     max_num_seqs = draw(st.sampled_from((2, 3, 4, 6, 8, 1)))
     enable_chunked_prefill = draw(st.booleans())
     policy = draw(st.sampled_from(POLICY_NAMES))
-    # Built through st.builds of constants (which draw nothing, so the examples are
-    # unchanged): a failing run then prints the config as the call that makes it, the
-    # mode as ``PreemptionMode('swap')``, a program that can be pasted into a test.
     return draw(
-        st.builds(
-            SchedulerConfig,
-            num_gpu_blocks=st.just(num_gpu_blocks),
-            block_size=st.just(block_size),
-            max_num_batched_tokens=st.just(max_num_batched_tokens),
-            max_num_seqs=st.just(max_num_seqs),
-            enable_chunked_prefill=st.just(enable_chunked_prefill),
-            preemption_mode=st.builds(PreemptionMode, st.just(mode.value)),
-            num_cpu_blocks=st.just(num_cpu_blocks),
-            policy=st.just(policy),
-            enable_prefix_caching=st.just(prefix_caching),
+        printable_config(
+            num_gpu_blocks=num_gpu_blocks,
+            block_size=block_size,
+            max_num_batched_tokens=max_num_batched_tokens,
+            max_num_seqs=max_num_seqs,
+            enable_chunked_prefill=enable_chunked_prefill,
+            preemption_mode=mode,
+            num_cpu_blocks=num_cpu_blocks,
+            policy=policy,
+            enable_prefix_caching=prefix_caching,
         )
     )
 
@@ -111,16 +122,15 @@ def profile_configs(draw: st.DrawFn, semantics: Semantics) -> SchedulerConfig:
         if draw(st.booleans()):
             max_model_len = draw(st.integers(2, top))
     return draw(
-        st.builds(
-            SchedulerConfig,
-            num_gpu_blocks=st.just(num_gpu_blocks),
-            block_size=st.just(block_size),
-            max_num_batched_tokens=st.just(max_num_batched_tokens),
-            max_num_seqs=st.just(max_num_seqs),
-            enable_chunked_prefill=st.just(chunked),
-            policy=st.just(policy),
-            semantics=st.builds(Semantics, st.just(semantics.value)),
-            max_model_len=st.just(max_model_len),
+        printable_config(
+            num_gpu_blocks=num_gpu_blocks,
+            block_size=block_size,
+            max_num_batched_tokens=max_num_batched_tokens,
+            max_num_seqs=max_num_seqs,
+            enable_chunked_prefill=chunked,
+            policy=policy,
+            semantics=semantics,
+            max_model_len=max_model_len,
         )
     )
 
