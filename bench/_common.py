@@ -8,11 +8,16 @@ import os
 import platform
 import statistics
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
+from typing import ParamSpec, TypeVar
 
 import torch
 
 from model import resolve_device
+
+P = ParamSpec("P")
+T = TypeVar("T")
 
 
 def cpu_model() -> str:
@@ -100,6 +105,18 @@ def spread(values: Sequence[float]) -> str:
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def timed_call(
+    device: torch.device, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs
+) -> tuple[T, float]:
+    """``fn(*args, **kwargs)`` and its wall seconds (the device synchronised first and
+    last, so queued kernels count)."""
+    sync(device)
+    start = time.perf_counter()
+    result = fn(*args, **kwargs)
+    sync(device)
+    return result, time.perf_counter() - start
 
 
 def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:

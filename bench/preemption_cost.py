@@ -31,7 +31,6 @@ Usage: ``python -m bench.preemption_cost [--device cpu|cuda] [--model tiny|small
 from __future__ import annotations
 
 import argparse
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,7 +44,7 @@ from bench._common import (
     median,
     print_header,
     setup_torch,
-    sync,
+    timed_call,
 )
 from impl import LLMEngine
 from impl.block_manager import cdiv
@@ -79,11 +78,8 @@ class Measure:
 
 def timed(fn: Callable[..., Any], totals: list[float], device: torch.device) -> Callable[..., Any]:
     def wrapper(*args: Any) -> Any:
-        sync(device)
-        start = time.perf_counter()
-        result = fn(*args)
-        sync(device)
-        totals[0] += time.perf_counter() - start
+        result, seconds = timed_call(device, fn, *args)
+        totals[0] += seconds
         return result
 
     return wrapper
@@ -101,11 +97,8 @@ def run_once(
     cache = engine.cache_engine
     setattr(cache, "swap_out", timed(cache.swap_out, copy_time, device))  # noqa: B010
     setattr(cache, "swap_in", timed(cache.swap_in, copy_time, device))  # noqa: B010
-    sync(device)
-    start = time.perf_counter()
-    finished = engine.generate(requests)
-    sync(device)
-    measure.wall.append(time.perf_counter() - start)
+    finished, wall = timed_call(device, engine.generate, requests)
+    measure.wall.append(wall)
     measure.copy.append(copy_time[0])
     m = engine.metrics
     measure.preemptions = m.num_preemptions
@@ -127,11 +120,7 @@ def prefill_ms(
     with torch.inference_mode():
         model.forward(batch, cache)  # warm-up
         for _ in range(5):
-            sync(device)
-            start = time.perf_counter()
-            model.forward(batch, cache)
-            sync(device)
-            times.append(time.perf_counter() - start)
+            times.append(timed_call(device, model.forward, batch, cache)[1])
     return median(times) * 1e3
 
 

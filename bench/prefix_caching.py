@@ -22,7 +22,6 @@ Usage: ``python -m bench.prefix_caching [--quick] [--device cpu|cuda]``.
 from __future__ import annotations
 
 import argparse
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -35,7 +34,7 @@ from bench._common import (
     median,
     print_header,
     setup_torch,
-    sync,
+    timed_call,
 )
 from impl import LLMEngine
 from kvsched.distributions import IntDistribution
@@ -79,11 +78,8 @@ def run_once(
     device: torch.device,
 ) -> None:
     engine = LLMEngine(config, model=model)
-    sync(device)
-    start = time.perf_counter()
-    finished = engine.generate(requests)
-    sync(device)
-    measure.wall.append(time.perf_counter() - start)
+    finished, wall = timed_call(device, engine.generate, requests)
+    measure.wall.append(wall)
     m = engine.metrics
     measure.steps = m.steps
     measure.forward_tokens = m.scheduled_tokens
