@@ -17,18 +17,14 @@ from dataclasses import replace
 from typing import Final
 
 from hypothesis import strategies as st
-from hypothesis.stateful import MultipleResults, initialize, multiple, precondition, rule
+from hypothesis.stateful import MultipleResults, multiple, precondition, rule
 
 from spec.types import PreemptionMode, SchedulerConfig, SchedulerState, StepPlan
 from tests.stateful.base import REQUESTS, checked
 from tests.stateful.coverage import REQUIRED_EVENTS
 from tests.stateful.machine import DifferentialMachine
-from tests.stateful.strategies import (
-    INITIAL_REQUESTS,
-    NEW_REQUESTS,
-    NewRequest,
-    engine_configs,
-)
+from tests.stateful.rules import init_rule
+from tests.stateful.strategies import NEW_REQUESTS, NewRequest, engine_configs
 
 SYSTEM_PROMPT_LEN: Final = 64
 
@@ -78,15 +74,7 @@ class PrefixRules(DifferentialMachine):
     victim_blocks: dict[int, frozenset[int]]  # arrival -> blocks it gave up when preempted
     sent: list[tuple[tuple[int, ...], NewRequest]]
 
-    @initialize(
-        target=REQUESTS, config=engine_configs(prefix_caching=True), initial=INITIAL_REQUESTS
-    )
-    @checked
-    def init_engine(
-        self, config: SchedulerConfig, initial: list[NewRequest]
-    ) -> MultipleResults[str]:
-        """The machine's own ``init_engine``, with configs that turn caching on."""
-        return self.start_engine(config, initial)
+    init_engine = init_rule(engine_configs(prefix_caching=True))
 
     def start_engine(
         self, config: SchedulerConfig, initial: list[NewRequest]

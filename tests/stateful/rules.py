@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import random
+from collections.abc import Callable
 
 from hypothesis import strategies as st
 from hypothesis.stateful import MultipleResults, consumes, initialize, multiple, precondition, rule
@@ -57,15 +58,24 @@ def abort_label(queue: str, request: RequestState) -> str:
     return f"abort: {queue}"
 
 
+def init_rule(configs: st.SearchStrategy[SchedulerConfig]) -> Callable[..., MultipleResults[str]]:
+    """The ``@initialize`` rule of a machine: a config from ``configs`` and an initial load
+    (``start_engine``)."""
+
+    @initialize(target=REQUESTS, config=configs, initial=INITIAL_REQUESTS)
+    @checked
+    def init_engine(
+        self: Rules, config: SchedulerConfig, initial: list[NewRequest]
+    ) -> MultipleResults[str]:
+        return self.start_engine(config, initial)
+
+    return init_engine  # type: ignore[return-value]  # @initialize widens what it wraps
+
+
 class Rules(Stepping):
     # --- rules -----------------------------------------------------------------------------
 
-    @initialize(target=REQUESTS, config=engine_configs(), initial=INITIAL_REQUESTS)
-    @checked
-    def init_engine(
-        self, config: SchedulerConfig, initial: list[NewRequest]
-    ) -> MultipleResults[str]:
-        return self.start_engine(config, initial)
+    init_engine = init_rule(engine_configs())
 
     def start_engine(
         self, config: SchedulerConfig, initial: list[NewRequest]
