@@ -132,6 +132,16 @@ DIVERGES = ("plan_matches_spec", "observe_matches_spec", "same_abort")
 #: What a wrong token (a K/V, position or sampling bug) shows up as.
 WRONG_TOKEN = ("sampled_tokens_match_solo", "outputs_match_solo", "kv_contents")
 
+#: impl's abort of a running request keeps its GPU blocks (alone, and with the spec's
+#: twin for the common-mode mutant).
+RUNNING_ABORT_KEEPS_BLOCKS = (
+    SCHED,
+    "            self.num_cached_tokens -= seq.num_computed\n"
+    "            self.gpu.free(seq.block_table)\n"
+    "        elif status is _SWAPPED:\n",
+    "            self.num_cached_tokens -= seq.num_computed\n        elif status is _SWAPPED:\n",
+)
+
 # Patch anchors are whole distinctive lines (or a few), so that an edit elsewhere in a
 # file does not move them; a missing anchor stops the script naming the mutant.
 MUTANTS: tuple[Mutant, ...] = (
@@ -232,14 +242,7 @@ MUTANTS: tuple[Mutant, ...] = (
     mutant(
         "running-abort-leaks-blocks",
         "aborting a running request does not free its GPU blocks",
-        (
-            SCHED,
-            "            self.num_cached_tokens -= seq.num_computed\n"
-            "            self.gpu.free(seq.block_table)\n"
-            "        elif status is _SWAPPED:\n",
-            "            self.num_cached_tokens -= seq.num_computed\n"
-            "        elif status is _SWAPPED:\n",
-        ),
+        RUNNING_ABORT_KEEPS_BLOCKS,
         expect=("blocks_conserved", "pools_empty_after_drain"),
     ),
     mutant(
@@ -503,14 +506,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "            num_free_gpu_blocks=state.num_free_gpu_blocks + gpu,\n",
             "            num_free_gpu_blocks=state.num_free_gpu_blocks,\n",
         ),
-        (
-            SCHED,
-            "            self.num_cached_tokens -= seq.num_computed\n"
-            "            self.gpu.free(seq.block_table)\n"
-            "        elif status is _SWAPPED:\n",
-            "            self.num_cached_tokens -= seq.num_computed\n"
-            "        elif status is _SWAPPED:\n",
-        ),
+        RUNNING_ABORT_KEEPS_BLOCKS,
         expect=("spec_state_valid", "blocks_conserved"),
         common_mode=True,
         quick=True,
