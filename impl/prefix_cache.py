@@ -81,14 +81,27 @@ class PrefixCachingBlockManager:
         "_stamp",
         "_tokens",
         "block_size",
+        "drop_key_on_free",
+        "last_key_wins",
         "next_stamp",
         "num_blocks",
         "num_reclaimed",
     )
 
-    def __init__(self, num_blocks: int, block_size: int) -> None:
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        *,
+        last_key_wins: bool = False,
+        drop_key_on_free: bool = False,
+    ) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
+        #: nano-vllm/last-key-wins: a block given a key takes it from the block that had it.
+        self.last_key_wins = last_key_wins
+        #: nano-vllm/drop-key-on-free: a freed block loses its key and joins the tail.
+        self.drop_key_on_free = drop_key_on_free
         sentinel = num_blocks
         # Circular doubly linked list through the sentinel; initially 0, 1, 2, ...
         self._next = [*range(1, num_blocks + 1), 0]
@@ -165,9 +178,14 @@ class PrefixCachingBlockManager:
 
     def _drop_key(self, block: int) -> None:
         """PC5: a reclaimed block leaves the cache."""
+        if self._forget_key(block):
+            self.num_reclaimed += 1
+
+    def _forget_key(self, block: int) -> bool:
+        """The block leaves the cache (journaled); whether it had a key."""
         block_hash = self._hash[block]
         if block_hash is None:
-            return
+            return False
         same = self._by_hash[block_hash]
         same.remove(block)
         if not same:
@@ -186,7 +204,7 @@ class PrefixCachingBlockManager:
             )
         self._hash[block] = None
         self._node[block] = None
-        self.num_reclaimed += 1
+        return True
 
     def cache_blocks(self, seq: Sequence, num_computed: int, num_tokens: int) -> None:
         """PC2: key the blocks of ``seq`` that ``num_tokens`` computed tokens fill.
@@ -201,12 +219,22 @@ class PrefixCachingBlockManager:
             if self._hash[block] is not None:
                 continue
             block_hash = seq_block_hash(seq, index, bs)
+            parent = seq.block_hashes[index - 1] if index else _ROOT_HASH
+            tokens = seq.block_nodes[index][1]
+            stamp = self.next_stamp
+            if self.last_key_wins:  # the key moves here and keeps its place in the order
+                for other in self._by_hash.get(block_hash, ()):
+                    if self._parent[other] == parent and self._tokens[other] == tokens:
+                        stamp = self._stamp[other]
+                        self._forget_key(other)
+                        break
+            if stamp == self.next_stamp:
+                self.next_stamp += 1
             self._hash[block] = block_hash
-            self._parent[block] = seq.block_hashes[index - 1] if index else _ROOT_HASH
-            self._tokens[block] = seq.block_nodes[index][1]
+            self._parent[block] = parent
+            self._tokens[block] = tokens
             self._node[block] = seq.block_nodes[index]
-            self._stamp[block] = self.next_stamp
-            self.next_stamp += 1
+            self._stamp[block] = stamp
             self._by_hash.setdefault(block_hash, []).append(block)
             if self._journal is not None:
                 self._journal.append((_SET_KEY, block))
@@ -267,7 +295,8 @@ class PrefixCachingBlockManager:
         """PC6: give up ``table``'s blocks in reverse order; unreferenced ones come free.
 
         A keyed block joins the tail (it may still be hit); one without a key goes to
-        the head, to be reused first.
+        the head, to be reused first. Under nano-vllm/drop-key-on-free every freed block
+        loses its key and joins the tail.
         """
         ref = self._ref
         for block in table:
@@ -277,7 +306,10 @@ class PrefixCachingBlockManager:
         for block in reversed(table):
             self._add_ref(block, -1)
             if ref[block] == 0:
-                if self._hash[block] is None:
+                if self.drop_key_on_free:
+                    self._forget_key(block)
+                    self._append(block)
+                elif self._hash[block] is None:
                     first.append(block)
                 else:
                     self._append(block)

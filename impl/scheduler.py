@@ -20,7 +20,8 @@ Per-step cost (``R`` running requests, ``S`` scheduled, ``W``/``W'`` waiting/swa
 requests brought in, ``V`` victims): O(S + W + W' + blocks allocated) for phases
 A-D, plus O(R) per victim for non-LIFO policies (a scan of the candidates), O(R log R)
 per admission attempt for ``reserve`` while the running requests' peaks overflow the
-pool (O(1) otherwise), and a ``del`` (memmove) per finished request. Nothing walks the
+pool (O(1) otherwise), and in a step where requests finish, one forward search of its
+chunks (``list.index``, O(S) in all) and a ``del`` (memmove) per finished request. Nothing walks the
 waiting queue beyond the requests admitted plus one, and nothing but that ``reserve``
 estimate scans every running request.
 
@@ -104,6 +105,8 @@ class Scheduler:
         self.full_sequence_gate = semantics is Semantics.VLLM_V1
         #: vllm-v1/priority-victim-any-running
         self.victim_any_running = semantics is Semantics.VLLM_V1 and config.policy == "priority"
+        #: nano-vllm/admission-tests-len-seq
+        self.whole_sequence_gate = semantics is Semantics.NANO_VLLM
         self.policy: Policy = make_policy(config.policy)
         self.policy.bind(config)
         # The policy's on_run/on_leave hooks are called only if it tracks running.
@@ -115,7 +118,13 @@ class Scheduler:
         self.prefix_cache: PrefixCachingBlockManager | None = None
         self.gpu: BlockManager | PrefixCachingBlockManager
         if config.enable_prefix_caching:
-            self.prefix_cache = PrefixCachingBlockManager(config.num_gpu_blocks, config.block_size)
+            nano = semantics is Semantics.NANO_VLLM  # nano-vllm's cache (N7)
+            self.prefix_cache = PrefixCachingBlockManager(
+                config.num_gpu_blocks,
+                config.block_size,
+                last_key_wins=nano,
+                drop_key_on_free=nano,
+            )
             self.gpu = self.prefix_cache
         else:
             self.gpu = BlockManager(config.num_gpu_blocks)
@@ -265,8 +274,10 @@ class Scheduler:
             self.prefix_cache.begin()
         budget = self.config.max_num_batched_tokens
         try:
+            # Phases B and C only when someone is swapped or waiting: most steps are not.
             if self.prefill_first:
-                budget = phases.admit(self, out, budget)
+                if self.waiting:
+                    budget = phases.admit(self, out, budget)
                 if not out.num_admitted:
                     phases.decode_unbudgeted(self, out)
             else:
@@ -274,7 +285,7 @@ class Scheduler:
                 if not out.preempted:
                     if self.swapped:
                         budget = phases.swap_in(self, out, budget)
-                    if not self.swapped:
+                    if not self.swapped and self.waiting:
                         budget = phases.admit(self, out, budget)
         except BaseException:
             rollback(self, out)

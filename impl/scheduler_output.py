@@ -103,10 +103,15 @@ class SchedulerOutput:
         self.num_queried_tokens = 0
         self.num_hit_tokens = 0
         # The plan's columns that commit() alone knows, filled by it: each chunk's start
-        # (its request's computed count before the step) and the sampling requests' ids.
+        # (its request's computed count before the step) and the sampling requests' ids
+        # (left empty when every chunk samples: they are then the scheduled ids).
         self.starts: list[int] = []
         self.sampled_ids: list[str] = []
         self.sampled_token_ids: tuple[int, ...] = ()
+
+    def every_chunk_samples(self) -> bool:
+        """Every chunk reaches its request's last token: the scheduled requests all sample."""
+        return self.num_samples == len(self.num_scheduled)
 
     def samples(self) -> list[Sequence]:
         """The requests that sample in this step, in plan order (before ``commit``)."""

@@ -86,9 +86,10 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--enable-prefix-caching",
         action=argparse.BooleanOptionalAction,
-        default=_DEFAULTS["enable_prefix_caching"],
-        help="share the KV blocks of equal token prefixes between requests (default off; "
-        "not with --preemption-mode swap)",
+        default=None,
+        help="share the KV blocks of equal token prefixes between requests (default off, "
+        "on under --semantics nano-vllm, whose engine always caches; not with "
+        "--preemption-mode swap)",
     )
     g.add_argument(
         "--policy",
@@ -148,6 +149,10 @@ def scheduler_config(
     if chunked is None:
         # nano-vllm has no chunked prefill: its profile's default, not an error.
         chunked = semantics is not Semantics.NANO_VLLM and _DEFAULTS["enable_chunked_prefill"]
+    caching = args.enable_prefix_caching
+    if caching is None:
+        # nano-vllm cannot turn its prefix cache off: its profile's default, as above.
+        caching = semantics is Semantics.NANO_VLLM or _DEFAULTS["enable_prefix_caching"]
     return SchedulerConfig(
         num_gpu_blocks=args.num_gpu_blocks,
         block_size=args.block_size,
@@ -157,7 +162,7 @@ def scheduler_config(
         preemption_mode=PreemptionMode(args.preemption_mode),
         num_cpu_blocks=args.num_cpu_blocks,
         policy=args.policy,
-        enable_prefix_caching=args.enable_prefix_caching,
+        enable_prefix_caching=caching,
         semantics=semantics,
         max_model_len=args.max_model_len,
     )

@@ -7,11 +7,14 @@ The numbers in docs/peers.md ("how it was checked") come from this script::
     python scripts/explore_peers.py vllm --runs 300 --seed 2000 --fit --policy priority
     python scripts/explore_peers.py nano-vllm --runs 300
     python scripts/explore_peers.py nano-vllm --runs 400 --seed 3000 --fit --no-chunking
+    python scripts/explore_peers.py nano-vllm --runs 300 --seed 8000 --shared-prefix
 
 Each run draws a small workload and config (block sizes 1-16, or 2-16 for nano-vllm;
 tight to roomy pools; budgets from ``max_num_seqs`` to 48; ``max_num_seqs`` 1-6; EOS or
 ``ignore_eos``; arrivals over steps 0-6). For nano-vllm every prompt starts with its own
-token, so its prefix cache cannot hit (docs/peers.md, N7). ``--fit``: every request fits
+token, so its prefix cache cannot hit (docs/peers.md, N7), unless ``--shared-prefix``:
+then prefix caching is on on both sides and prompts share prefixes (``shared_prompts``).
+``--fit``: every request fits
 alone (the spec's R4 accepts it) and chunked prefill is on unless ``--no-chunking``.
 With ``--save DIR`` the first workload of each divergence kind is written there, and its
 ``kvsched conform`` command printed. This is exploration, not a test: the pinned
@@ -28,6 +31,7 @@ import re
 import time
 from pathlib import Path
 
+import spec
 from kvsched.errors import DrainError
 from kvsched.peers import PROFILES, PeerUnsupportedError, common_eos, make_peer
 from kvsched.peers.known import classify
@@ -37,8 +41,37 @@ from kvsched.peers.protocol import SchedulerUnderTest
 from kvsched.workload import WorkloadRequest
 from spec.oracle import HashOracle
 from spec.types import ConfigError, SamplingParams, SchedulerConfig, Semantics
+from tests.stateful.nano_cache import nano_cache_events
 
 ORACLE_VOCAB = 8
+ORACLE = HashOracle(vocab_size=ORACLE_VOCAB)
+
+
+def shared_prompts(rng: random.Random, num_requests: int, max_prompt: int) -> list[list[int]]:
+    """Prompts that share prefixes: 1-3 system prompts of 1-24 tokens, each request one of
+    them cut anywhere (whole blocks or not) plus a suffix of its own; one in five is an
+    earlier prompt again, and one in five an earlier prompt followed by what the oracle
+    answers it (the next turn of a chat, whose blocks a decode may have filled and keyed
+    already)."""
+    systems = [
+        [rng.randrange(1, 200) for _ in range(rng.randint(1, 24))] for _ in range(rng.randint(1, 3))
+    ]
+    prompts: list[list[int]] = []
+    for _ in range(num_requests):
+        roll = rng.random()
+        if prompts and roll < 0.2:
+            prompt = list(rng.choice(prompts))
+        elif prompts and roll < 0.4:
+            prompt = list(rng.choice(prompts))
+            for _ in range(rng.randint(1, 8)):
+                prompt.append(ORACLE(tuple(prompt)))
+        else:
+            system = rng.choice(systems)
+            prompt = system[: rng.randint(0, len(system))]
+            prompt += [rng.randrange(1, 200) for _ in range(rng.randint(0, max_prompt))]
+            prompt = prompt or [rng.randrange(1, 200)]
+        prompts.append(prompt)
+    return prompts
 
 
 def draw(
@@ -49,6 +82,7 @@ def draw(
     chunking: bool,
     policy: str,
     semantics: Semantics,
+    shared_prefix: bool = False,
 ) -> tuple[SchedulerConfig, list[WorkloadRequest]]:
     nano = peer == "nano-vllm" or semantics is Semantics.NANO_VLLM
     block_size = rng.choice([2, 3, 4, 8, 16] if nano else [1, 2, 3, 4, 8, 16])
@@ -57,9 +91,14 @@ def draw(
     budget = rng.randint(max_num_seqs, 48)
     eos = rng.choice([None, 3])
     workload = []
-    for i in range(rng.randint(1, 8)):
-        prompt = [rng.randrange(1, 200) for _ in range(rng.randint(1, max_prompt))]
-        if nano:
+    num_requests = rng.randint(1, 8)
+    shared = shared_prompts(rng, num_requests, max_prompt) if shared_prefix else []
+    for i in range(num_requests):
+        if shared_prefix:
+            prompt = shared[i]
+        else:
+            prompt = [rng.randrange(1, 200) for _ in range(rng.randint(1, max_prompt))]
+        if nano and not shared_prefix:
             prompt[0] = 200 + i  # distinct first tokens: no prefix-cache hit
         params = SamplingParams(
             max_tokens=rng.randint(1, max_tokens),
@@ -89,6 +128,7 @@ def draw(
         max_num_seqs=max_num_seqs,
         enable_chunked_prefill=chunked and chunking and semantics is not Semantics.NANO_VLLM,
         policy=policy,
+        enable_prefix_caching=shared_prefix,
         semantics=semantics,
     )
     return config, workload
@@ -100,11 +140,14 @@ def run_with_aborts(
     workload: list[WorkloadRequest],
     rng: random.Random,
     p_abort: float,
+    *,
+    events: set[str] | None = None,
 ) -> LockstepReport:
     """Like ``run_workload``, plus: before each step, with probability ``p_abort``, abort
     a random live request (waiting, running or preempted) not aborted before, and
-    re-add its id later."""
-    lock = Lockstep(peer, config, HashOracle(vocab_size=ORACLE_VOCAB))
+    re-add its id later. ``events`` collects the nano-vllm cache rules' coverage events
+    of the steps both sides agreed on (tests/stateful/nano_cache.py)."""
+    lock = Lockstep(peer, config, ORACLE)
     pending = sorted(workload, key=lambda r: r.arrival_step)
     aborted: set[str] = set()
     divergence: Divergence | None = None
@@ -139,7 +182,10 @@ def run_with_aborts(
                 # arrivals, and a steady stream of them can starve decodes (nano-vllm's
                 # prefill-first steps). Tallied, not a divergence.
                 raise DrainError("no drain within 500 steps (agreed at every step)")
-            lock.step()
+            before = lock.state
+            plan = lock.step()
+            if events is not None:
+                events.update(nano_cache_events(before, spec.schedule(before)[0], plan, lock.state))
         lock.finish()
     except Diverged as e:
         divergence = e.divergence
@@ -155,6 +201,7 @@ def command(peer: str, path: Path, c: SchedulerConfig) -> str:
         f"--max-num-seqs {c.max_num_seqs} --policy {c.policy}"
         + ("" if c.enable_chunked_prefill else " --no-enable-chunked-prefill")
         + f" --semantics {c.semantics}"
+        + (" --enable-prefix-caching" if c.enable_prefix_caching else " --no-enable-prefix-caching")
         + f" --oracle-vocab {ORACLE_VOCAB}"
     )
 
@@ -179,8 +226,14 @@ def main() -> int:
     parser.add_argument(
         "--aborts", type=float, default=0.0, help="abort probability per step (re-adds the id)"
     )
+    parser.add_argument(
+        "--shared-prefix",
+        action="store_true",
+        help="prefix caching on, prompts that share prefixes (shared_prompts)",
+    )
     args = parser.parse_args()
     kinds: collections.Counter[str] = collections.Counter()
+    runs_with: collections.Counter[str] = collections.Counter()  # runs that met each event
     examples: dict[str, str] = {}
     agree = steps = 0
     started = time.perf_counter()
@@ -196,6 +249,7 @@ def main() -> int:
                 chunking=not args.no_chunking,
                 policy=args.policy,
                 semantics=semantics,
+                shared_prefix=args.shared_prefix,
             )
             if args.peer == "kvsched":
                 peer = SchedulerAdapter(config)
@@ -205,10 +259,12 @@ def main() -> int:
         except (PeerUnsupportedError, ConfigError) as e:
             kinds[f"unsupported: {e}"] += 1
             continue
-        if args.aborts:
-            report = run_with_aborts(peer, config, workload, rng, args.aborts)
+        if args.aborts or args.shared_prefix:
+            events: set[str] = set()
+            report = run_with_aborts(peer, config, workload, rng, args.aborts, events=events)
+            runs_with.update(events)
         else:
-            report = run_workload(peer, config, workload, HashOracle(vocab_size=ORACLE_VOCAB))
+            report = run_workload(peer, config, workload, ORACLE)
         steps += report.steps
         if report.divergence is None:
             agree += 1
@@ -234,6 +290,8 @@ def main() -> int:
     for kind, count in kinds.most_common():
         print(f"{count:5d}  {kind}")
         print(f"       e.g. {examples.get(kind, '')}")
+    for event, count in sorted(runs_with.items()):
+        print(f"{count:5d}  runs with: {event}")
     return 0
 
 

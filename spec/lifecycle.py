@@ -15,8 +15,8 @@ from typing import Literal
 from spec.invariants import check_state  # noqa: F401  (used by the PEP 316 contracts)
 from spec.kv import blocks_held
 from spec.policies import get_policy
-from spec.prefix_cache import holders, release
-from spec.profiles import model_len, too_large
+from spec.prefix_cache import holders
+from spec.profiles import model_len, release_blocks, too_large
 from spec.types import (
     ConfigError,  # noqa: F401  (named by a contract's raises:)
     DuplicateRequestError,
@@ -270,7 +270,7 @@ def abort_request(state: SchedulerState, request_id: str) -> tuple[SchedulerStat
         running = _without(state.running, index)
         cache = state.prefix_cache
         if cache is not None:  # PC6: blocks shared with another request stay in use
-            cache = release(cache, request.block_ids, holders(running))
+            cache = release_blocks(state.config, cache, request.block_ids, holders(running))
             gpu = len(cache.free_queue) - state.num_free_gpu_blocks
         new_state = replace(
             state,

@@ -253,8 +253,12 @@ def pool_violations(
     block_size: int,
     *,
     extra_tokens: dict[str, int] | None = None,
+    shared_keyed: bool = True,
 ) -> list[str]:
     """PC1 and PC9 on the pool and the running requests; one line per broken rule.
+
+    ``shared_keyed=False`` leaves out "a block held by two requests has a key", which
+    nano-vllm/last-key-wins does not keep (``spec.profiles.nano_pool_violations``).
 
     Between steps a running request holds ``cdiv(computed, bs)`` blocks; in the middle
     of a step a scheduled one already holds the blocks of its chunk, which
@@ -297,7 +301,7 @@ def pool_violations(
         for index, held in enumerate(ids):
             held_key = key_of.get(held)
             if held_key is None:
-                if counts[held] > 1:
+                if shared_keyed and counts[held] > 1:
                     found.append(f"PC9: block {held} is shared but has no key")
                 continue
             # min: a malformed request computed past its tokens is reported, not indexed

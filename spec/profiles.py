@@ -12,8 +12,11 @@ Config-time constraints of the profiles are ``SchedulerConfig.__post_init__``'s.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from spec.kv import cdiv, never_fits
-from spec.types import RequestState, SchedulerConfig, Semantics
+from spec.prefix_cache import block_key, give_keys, num_full_blocks, release
+from spec.types import PrefixCacheState, RequestState, SchedulerConfig, Semantics
 
 # --- vllm-v1/max-model-len (V1, V5) ----------------------------------------------------
 
@@ -173,3 +176,158 @@ def step_token_limit(config: SchedulerConfig) -> int:
     if decode_unbudgeted(config):
         return max(config.max_num_batched_tokens, config.max_num_seqs)
     return config.max_num_batched_tokens
+
+
+# --- nano-vllm's prefix cache (N7, N8, N13) ----------------------------------------------
+#
+# nano-vllm caches prefixes always (``engine/block_manager.py``); with
+# ``enable_prefix_caching`` on, the profile follows its cache where it differs from PC1-PC9.
+# Its map ``hash_to_block_id`` holds one block per key, and its blocks keep a key only
+# while that map names them, so ``PrefixCacheState.cached`` here has one pair per key,
+# in the order the map got the key, and never names a free block.
+
+
+def nano_caching(config: SchedulerConfig) -> bool:
+    """Whether nano-vllm's prefix-cache rules below apply (the profile, caching on).
+
+    post: __return__ == (config.semantics is Semantics.NANO_VLLM and config.enable_prefix_caching)
+    """
+    return config.semantics is Semantics.NANO_VLLM and config.enable_prefix_caching
+
+
+def whole_sequence_admissible(
+    config: SchedulerConfig, request: RequestState, budget: int, free: int
+) -> bool:
+    """Phase C's gate under **nano-vllm/admission-tests-len-seq** (N8); always True otherwise.
+
+    nano-vllm tests a waiting request's whole ``len(seq)`` against what is left of the
+    budget and its whole ``num_blocks`` against the free blocks, as if nothing hit
+    (``engine/scheduler.py:71``, ``engine/block_manager.py:56-57`` ``can_allocate``), but
+    then charges only the tokens it computes, ``len(seq) - num_cached_tokens``
+    (``engine/scheduler.py:75``), and takes only the blocks that missed. PC4 tests what
+    it charges and takes. (With nothing hit the two agree.)
+
+    pre: budget >= 0 and free >= 0
+    post: config.semantics is not Semantics.NANO_VLLM or __return__ == (request.num_tokens <= budget and cdiv(request.num_tokens, config.block_size) <= free)
+    post: config.semantics is Semantics.NANO_VLLM or __return__
+    """  # noqa: E501
+    if config.semantics is not Semantics.NANO_VLLM:
+        return True
+    return request.num_tokens <= budget and cdiv(request.num_tokens, config.block_size) <= free
+
+
+def give_keys_last_wins(
+    cache: PrefixCacheState,
+    tokens: tuple[int, ...],
+    block_ids: tuple[int, ...],
+    *,
+    start: int,
+    end: int,
+    block_size: int,
+) -> PrefixCacheState:
+    """PC2 under **nano-vllm/last-key-wins**: the blocks a chunk ``start .. end`` fills.
+
+    Each block that is full once ``end`` tokens are computed and was not full at
+    ``start`` gets its key; if another block has that key, the key moves to the new
+    block (the pair keeps its place): nano-vllm's ``hash_to_block_id[h] = block_id``
+    overwrites, at admission for every full block that missed (``allocate``,
+    ``engine/block_manager.py:79-81``) and at a decode that fills a block
+    (``may_append``, ``:111-117``). So a lookup finds the block keyed last, and a block
+    whose key moved (even one two requests share) has none and never gets it back.
+    PC2 keys every full block without a key and a lookup takes the one keyed first.
+
+    pre: block_size >= 1
+    pre: 0 <= start <= end <= len(tokens)
+    pre: end // block_size <= len(block_ids)
+    post: __return__.free_queue == cache.free_queue
+    post: {block for _, block in __return__.cached} >= set(block_ids[start // block_size : end // block_size])
+    """  # noqa: E501
+    pairs = dict(cache.cached)
+    new = False
+    for index in range(start // block_size, num_full_blocks(end, block_size)):
+        pairs[block_key(tokens, index, block_size)] = block_ids[index]
+        new = True
+    if not new:
+        return cache
+    return PrefixCacheState(free_queue=cache.free_queue, cached=tuple(pairs.items()))
+
+
+def release_dropping_keys(
+    cache: PrefixCacheState, block_ids: tuple[int, ...], others: Mapping[int, int]
+) -> PrefixCacheState:
+    """PC6 under **nano-vllm/drop-key-on-free**: freed blocks lose their key, join the tail.
+
+    The request gives up ``block_ids`` last block first; each one no other holder has
+    (``others`` counts them) comes free at the tail of the free queue, keyed or not,
+    and its key leaves the cache (the fork's ``deallocate``,
+    ``engine/block_manager.py:84-98``: it deletes ``hash_to_block_id[block.hash]`` when
+    that names the block, and ``_deallocate_block`` appends). So nothing hits a freed
+    block: not another request, not a preempted request coming back (PC7). PC6 keeps
+    the key and puts unkeyed blocks at the head. (Upstream nano-vllm keeps the key.)
+
+    post: set(__return__.cached) <= set(cache.cached)
+    post: __return__.free_queue[: len(cache.free_queue)] == cache.free_queue
+    post: not {block for _, block in __return__.cached} & set(__return__.free_queue) or bool({block for _, block in cache.cached} & set(cache.free_queue))
+    """  # noqa: E501
+    freed = tuple(block for block in reversed(block_ids) if not others.get(block, 0))
+    if not freed:
+        return cache
+    gone = set(freed)
+    return PrefixCacheState(
+        free_queue=(*cache.free_queue, *freed),
+        cached=tuple(pair for pair in cache.cached if pair[1] not in gone),
+    )
+
+
+def key_blocks(
+    config: SchedulerConfig,
+    cache: PrefixCacheState,
+    tokens: tuple[int, ...],
+    block_ids: tuple[int, ...],
+    *,
+    start: int,
+    end: int,
+) -> PrefixCacheState:
+    """PC2 by profile, for a chunk ``start .. end`` whose blocks are ``block_ids``.
+
+    pre: 0 <= start <= end <= len(tokens)
+    pre: end // config.block_size <= len(block_ids)
+    post: __return__.free_queue == cache.free_queue
+    """
+    if nano_caching(config):
+        return give_keys_last_wins(
+            cache, tokens, block_ids, start=start, end=end, block_size=config.block_size
+        )
+    return give_keys(cache, tokens, block_ids, end, config.block_size)
+
+
+def release_blocks(
+    config: SchedulerConfig,
+    cache: PrefixCacheState,
+    block_ids: tuple[int, ...],
+    others: Mapping[int, int],
+) -> PrefixCacheState:
+    """PC6 by profile: ``release`` or, nano-vllm, ``release_dropping_keys``.
+
+    post: len(__return__.free_queue) <= len(cache.free_queue) + len(block_ids)
+    """
+    if nano_caching(config):
+        return release_dropping_keys(cache, block_ids, others)
+    return release(cache, block_ids, others)
+
+
+def nano_pool_violations(cache: PrefixCacheState) -> list[str]:
+    """What nano-vllm's cache keeps besides PC1 and PC9 (which hold there too, except
+    that a shared block may have lost its key, nano-vllm/last-key-wins): each key
+    names one block, and no free block has a key (nano-vllm/drop-key-on-free).
+
+    post: isinstance(__return__, list)
+    """
+    found: list[str] = []
+    keys = [key for key, _ in cache.cached]
+    if len(set(keys)) != len(keys):
+        found.append("nano-vllm/last-key-wins: a key names two blocks")
+    keyed_free = sorted({block for _, block in cache.cached} & set(cache.free_queue))
+    if keyed_free:
+        found.append(f"nano-vllm/drop-key-on-free: free blocks {keyed_free} have keys")
+    return found

@@ -35,11 +35,9 @@ from spec.invariants import (  # noqa: F401  (used by the PEP 316 contracts)
 from spec.kv import blocks_held, blocks_needed, cdiv, chunk_for_prefill
 from spec.policies import Policy, always_admit, get_policy, priority_victim, select_victim
 from spec.prefix_cache import (
-    give_keys,
     holders,
     longest_hit,
     num_evictable,
-    release,
     request_tokens,
     take,
     touch,
@@ -47,12 +45,15 @@ from spec.prefix_cache import (
 from spec.profiles import (
     decode_unbudgeted,
     full_sequence_fits,
+    key_blocks,
     length_capped,
     next_victim,
     prefill_first,
+    release_blocks,
     running_capped,
     step_token_limit,  # noqa: F401  (used by the PEP 316 contracts)
     victim_among_all_running,
+    whole_sequence_admissible,
 )
 from spec.types import (
     FinishedRequest,
@@ -115,8 +116,11 @@ def draft_violations(before: StepDraft, after: StepDraft) -> tuple[str, ...]:
     if after.swapped_in[: len(before.swapped_in)] != before.swapped_in:
         found.append("R7: an earlier swap-in changed")
     new = after.scheduled[old:]
+    # nano-vllm/decode-unbudgeted: phase A's chunks (of requests running before it) are
+    # not charged; an admission is, even one that starts after a cache hit.
     unbudgeted = decode_unbudgeted(after.state.config)
-    charged = sum(c.num_tokens for c in new if not (unbudgeted and c.start > 0))
+    decoding = {r.request_id for r in before.state.running} if unbudgeted else set()
+    charged = sum(c.num_tokens for c in new if c.request_id not in decoding)
     if after.budget != before.budget - charged or after.budget < 0:
         found.append(f"R5: budget {before.budget} -> {after.budget} for {len(new)} new chunks")
     running = {r.request_id: r for r in after.state.running}
@@ -252,7 +256,7 @@ def release_victim(
     if cache is None:
         free += blocks_held(held, bs)
     else:  # PC6, PC7: shared blocks stay with their other holders
-        cache = release(cache, victim.block_ids, holders(others))
+        cache = release_blocks(config, cache, victim.block_ids, holders(others))
         free = len(cache.free_queue)
         after = replace(after, block_ids=())
     if mode is PreemptionMode.SWAP:
@@ -395,7 +399,14 @@ def schedule_running(draft: StepDraft) -> StepDraft:
             if cache is not None:  # PC8, PC5, PC2
                 cache, new = take(cache, need)
                 block_ids = (*request.block_ids, *new)
-                cache = give_keys(cache, request_tokens(request), block_ids, computed + n, bs)
+                cache = key_blocks(
+                    config,
+                    cache,
+                    request_tokens(request),
+                    block_ids,
+                    start=computed,
+                    end=computed + n,
+                )
                 running[i] = replace(request, block_ids=block_ids)
             i += 1
     if not preempted and cache is None:
@@ -530,7 +541,8 @@ def admit_waiting(draft: StepDraft) -> StepDraft:
     2. ``n = min(num_tokens, budget)`` with chunked prefill on, else ``n = num_tokens``,
        and stop if ``n > budget``;
     3. stop if ``cdiv(n, bs) > free``, or (vllm-v1/full-sequence-admission) if
-       ``cdiv(num_tokens, bs) > free``, or if the policy's admission gate refuses it;
+       ``cdiv(num_tokens, bs) > free``, or if the policy's admission gate refuses it
+       (nano-vllm/admission-tests-len-seq: also if ``num_tokens > budget``);
     4. else it leaves ``waiting``, goes to the tail of ``running``, and chunk (r, n) is
        scheduled (a preempted request re-prefills prompt + kept outputs).
 
@@ -563,6 +575,8 @@ def admit_waiting(draft: StepDraft) -> StepDraft:
         request = candidate
         if len(chunks) >= seats or budget == 0:
             break
+        if not whole_sequence_admissible(config, request, budget, free):
+            break
         hit: tuple[int, ...] = ()
         evictable = 0
         if cache is not None:  # PC3, and PC4: the hit blocks that sit in the free queue
@@ -585,7 +599,9 @@ def admit_waiting(draft: StepDraft) -> StepDraft:
         if cache is not None:  # PC4: touch the hit before taking new blocks (PC5), PC2
             cache, new = take(touch(cache, hit), gpu_blocks)
             block_ids = (*hit, *new)
-            cache = give_keys(cache, request_tokens(request), block_ids, start + n, bs)
+            cache = key_blocks(
+                config, cache, request_tokens(request), block_ids, start=start, end=start + n
+            )
             request = replace(candidate, num_computed_tokens=start, block_ids=block_ids)
         running.append(request)
         admitted.add(request.request_id)
@@ -804,7 +820,7 @@ def complete_step(
         for done in finished:
             blocks = by_id[done.request_id].block_ids
             still_held.subtract(blocks)
-            cache = release(cache, blocks, still_held)
+            cache = release_blocks(state_mid.config, cache, blocks, still_held)
         freed = len(cache.free_queue) - state_mid.num_free_gpu_blocks
     new_state = replace(
         state_mid,

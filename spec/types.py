@@ -164,8 +164,9 @@ class SchedulerConfig:
         except ValueError:
             known = ", ".join(s.value for s in Semantics)
             raise ConfigError(f"unknown semantics {self.semantics!r} (known: {known})") from None
-        if self.enable_prefix_caching and self.semantics is not Semantics.KVSCHED:
+        if self.enable_prefix_caching and self.semantics is Semantics.VLLM_V1:
             # PC1-PC9 are the kvsched profile's; each peer's caching is compared first.
+            # nano-vllm's is modelled (its rules in spec.profiles, N7/N8).
             raise ConfigError(
                 f"enable_prefix_caching: only in the kvsched profile so far, not {self.semantics}"
             )
@@ -232,7 +233,7 @@ class SchedulerConfig:
             # One FIFO deque for waiting; its victim rule is nano-vllm/victim-next.
             raise ConfigError(f"{prefix}: policy lifo only (its victims are victim-next's)")
         if self.block_size < 2:
-            # engine/block_manager.py:330-331: can_append tests len % block_size == 1,
+            # engine/block_manager.py:100-101: can_append tests len % block_size == 1,
             # never true for 1, so a decode would never get its new block.
             raise ConfigError(f"{prefix}: block_size must be >= 2, got {self.block_size}")
 

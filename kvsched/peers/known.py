@@ -41,7 +41,15 @@ N2_N6 = KnownBug(
     "prompt plus outputs re-prefilled after a preemption, is longer than the budget); "
     "at the waiting head with nothing running, schedule() fails `assert scheduled_seqs`",
 )
-KNOWN_BUGS = (N5, N2_N6)
+N12 = KnownBug(
+    "N12",
+    "nano-vllm",
+    "nano-vllm-fork",
+    "20260210",
+    "a prompt of whole blocks that all hit the prefix cache is prefilled with zero tokens, "
+    "so the model runner samples another sequence's logits or fails (upstream #114, #144)",
+)
+KNOWN_BUGS = (N5, N2_N6, N12)
 
 
 def installed_version(bug: KnownBug) -> str | None:
@@ -72,7 +80,13 @@ def classify(peer: str, divergence: Divergence) -> KnownBug | None:
             and _has_version(N2_N6)
         ):
             return N2_N6
+        if (
+            divergence.field == "step()"
+            and "FullHitPrefill" in str(divergence.engine_value)
+            and _has_version(N12)
+        ):
+            return N12
     return None
 
 
-__all__ = ["KNOWN_BUGS", "N2_N6", "N5", "KnownBug", "classify", "installed_version"]
+__all__ = ["KNOWN_BUGS", "N2_N6", "N5", "N12", "KnownBug", "classify", "installed_version"]

@@ -12,6 +12,20 @@ must carry it), no priorities, block size >= 2 (its full-block test
 ``len % 1 == 1`` never holds), recompute only. It does not count preemptions per
 request (``Hidden.NUM_PREEMPTIONS``) and has no abort (``abort_request`` does what one
 would: leave both queues, free the blocks).
+
+Its prefix cache is always on. With ``enable_prefix_caching`` the spec models it
+(the ``nano-vllm`` profile's cache rules, N7/N8) and ``observe`` projects the pool
+onto ``PrefixCacheState``: the free queue is ``free_block_ids``; ``cached`` is
+``hash_to_block_id`` in its order, each hash given as the token prefix it stands for,
+read from a running sequence that holds the block (the fork keeps a hash only for
+blocks in use); each running request's ``block_ids`` is its block table. With caching
+off the pool is not shown, and a hit shows as a chunk that starts later in the peer.
+
+A prefill that every token of a request hit (a prompt of whole blocks that another
+running request holds) has no token to compute: nano-vllm's model runner then reads
+another sequence's logits, or fails in FlashAttention when nothing else is in the
+batch (upstream nano-vllm issues #114, #144). ``step`` raises ``FullHitPrefill`` there
+(N12 in docs/peers.md): the engine cannot run the step the scheduler decided.
 """
 
 from __future__ import annotations
@@ -40,6 +54,7 @@ from spec.types import (
     InvalidMaxTokensError,
     Preemption,
     PreemptionMode,
+    PrefixCacheState,
     Request,
     RequestState,
     SamplingParams,
@@ -52,6 +67,10 @@ NAME = "nano-vllm"
 VERSION = "20260210"
 
 _nano: dict[str, Any] = {}
+
+
+class FullHitPrefill(Exception):
+    """A prefill of zero tokens: every token of the request hit the cache (N12)."""
 
 
 def _import() -> dict[str, Any]:
@@ -189,6 +208,13 @@ class NanoAdapter:
         running_before = {id(q) for q in s.running}
         waiting_before = list(s.waiting)
         seqs, is_prefill = s.schedule()
+        if is_prefill:
+            for q in seqs:
+                if q.num_cached_tokens >= len(q):
+                    raise FullHitPrefill(
+                        f"{self.ids[q.seq_id]}: all {len(q)} tokens hit the cache, none to "
+                        "compute; the model runner has no logits of its own to sample from"
+                    )
         # Victims were appendleft-ed to waiting one by one: the newest is at the head.
         victims = [q for q in s.waiting if id(q) in running_before and q not in waiting_before]
         scheduled: list[tuple[str, int, int]] = []
@@ -236,7 +262,25 @@ class NanoAdapter:
             # A running sequence has everything but its newest token in the cache; a
             # waiting one has nothing (its blocks were freed at preemption).
             num_computed_tokens=len(q) - 1 if running else 0,
+            block_ids=tuple(q.block_table) if running and self.config.enable_prefix_caching else (),
         )
+
+    def _prefix_cache(self) -> PrefixCacheState | None:
+        if not self.config.enable_prefix_caching:
+            return None
+        manager = self.scheduler.block_manager
+        bs = self.config.block_size
+        prefix_of: dict[int, tuple[int, ...]] = {}
+        for q in self.scheduler.running:
+            for index, block in enumerate(q.block_table):
+                prefix_of.setdefault(block, tuple(q.token_ids[: (index + 1) * bs]))
+        # A hash whose block no running sequence holds has no prefix to read: it is
+        # shown as the block's own tokens, which no spec key equals (a divergence).
+        cached = tuple(
+            (prefix_of.get(block, tuple(manager.blocks[block].token_ids)), block)
+            for block in manager.hash_to_block_id.values()
+        )
+        return PrefixCacheState(free_queue=tuple(manager.free_block_ids), cached=cached)
 
     def observe(self) -> Observation:
         s = self.scheduler
@@ -248,6 +292,7 @@ class NanoAdapter:
             running=tuple(self._state_of(q, running=True) for q in s.running),
             next_arrival=self.next_arrival,
             num_steps=self.num_steps,
+            prefix_cache=self._prefix_cache(),
         )
         return Observation(
             state=state,

@@ -19,9 +19,14 @@ block sizes 1-16 (nano-vllm >= 2), pools of 8-64 tokens, budgets from 1 (vLLM: f
 from 1, chunked prefill on or off (nano-vllm: off, N2), ``lifo`` (vLLM also ``priority``),
 recompute only (V7), vLLM's ``max_model_len`` drawn or its default (>= 2).
 
-nano-vllm's prefix cache is always on and the spec does not model it yet (N7): every
-request's first token is its own (never reused within an example), so no two requests
-share a first block and no hit can happen; "identical" requests differ only there.
+nano-vllm's prefix cache is always on. The suite's rules give every request its own first
+token (never reused within an example), so no two of their requests share a first block
+and none of them hits; "identical" requests differ only there. ``NanoPrefixRules`` adds
+the requests that do share prefixes (N7): the example's system prompt cut anywhere
+under suffixes of their own, earlier prompts sent again, and an earlier prompt followed
+by the oracle's answer to it (the next turn of a chat). The nano-vllm machine turns
+prefix caching on in the spec (the ``nano-vllm`` profile's cache rules, spec/profiles.py),
+so every hit, key and free-queue position is compared with nano-vllm's own pool.
 nano-vllm has one EOS for the engine, drawn per example.
 
 A divergence fails the example with ``describe``'s report, and Hypothesis shrinks it to
@@ -59,6 +64,7 @@ from spec.types import RequestState, SamplingParams, SchedulerConfig, StepPlan
 from tests.stateful.base import REQUESTS, RecordedMachine, checked
 from tests.stateful.failures import fail
 from tests.stateful.machine import ProgressKey, drain_bound, progress_key
+from tests.stateful.nano_cache import NANO_CACHE_EVENTS, nano_cache_events
 from tests.stateful.rules import abort_label, find_live
 from tests.stateful.step import profile_events, step_events
 from tests.stateful.strategies import (
@@ -107,11 +113,15 @@ REQUIRED_NANO: Final = frozenset(
         "nano-vllm/decode-unbudgeted: a decode step over the token budget",
         "nano-vllm/victim-next: a victim lifo would not have chosen",
         "nano-vllm/seq-limit-per-step: more than max_num_seqs running",
+        "config: prefix caching on",
+        *NANO_CACHE_EVENTS,
     }
 )
 #: nano-vllm never shows several victims in one step: N5 ends the example at its first
 #: preempting step (the victim stays in ``running``) before the step's events count.
-REQUIRED_VLLM: Final = {e for e in REQUIRED_NANO if not e.startswith("nano-vllm/")} | {
+REQUIRED_VLLM: Final = {
+    e for e in REQUIRED_NANO if not e.startswith("nano-vllm") and e != "config: prefix caching on"
+} | {
     "vllm-v1/max-model-len: length at max_model_len",
     # Not required: vllm-v1/priority-victim-any-running (a victim already scheduled in
     # the step) needs a worse-priority request admitted before better ones under
@@ -141,6 +151,7 @@ class PeerMachine(RecordedMachine):
         self.next_id = 0
         self.num_added = 0  # requests given to both sides (nano-vllm's first tokens)
         self.eos = 0
+        self.shared = False  # the request being submitted shares a prefix on purpose
 
     # --- set-up and helpers ---------------------------------------------------------------
 
@@ -154,6 +165,25 @@ class PeerMachine(RecordedMachine):
     def init_peer(
         self, config: SchedulerConfig, eos: int, initial: list[NewRequest]
     ) -> MultipleResults[str]:
+        if self.PEER == "nano-vllm":
+            # nano-vllm caches always. A hit needs the request it shares blocks with
+            # still running, and nano-vllm admits a request only when its whole prompt
+            # fits the budget and all its blocks are free, hit or not (N8): in the
+            # suite's configs (pools of 8-64 tokens, budgets mostly below a block or
+            # two) requests that share a prefix almost never run together. So examples
+            # with an even pool get a roomy one: four times the blocks, a budget of the
+            # whole pool, at least 4 requests a step; the others keep the suite's config
+            # (and its pressure).
+            if config.num_gpu_blocks % 2 == 0:
+                blocks = config.num_gpu_blocks * 4
+                config = replace(
+                    config,
+                    num_gpu_blocks=blocks,
+                    max_num_batched_tokens=blocks * config.block_size,
+                    max_num_seqs=max(config.max_num_seqs, 4),
+                )
+            config = replace(config, enable_prefix_caching=True)
+            self.note("config: prefix caching on")
         self.config = config
         self.eos = eos
         peer = make_peer(self.PEER, config, eos_token_id=eos)
@@ -208,7 +238,7 @@ class PeerMachine(RecordedMachine):
 
     def submit(self, request_id: str, prompt: tuple[int, ...], params: SamplingParams) -> bool:
         """Add on both sides (Lockstep compares acceptance); whether it was accepted."""
-        if self.PEER == "nano-vllm":
+        if self.PEER == "nano-vllm" and not self.shared:
             prompt = (FIRST_TOKEN + self.num_added, *prompt[1:])
         self.num_added += 1
         self.lock.add(request_id, prompt, params)
@@ -241,6 +271,7 @@ class PeerMachine(RecordedMachine):
         self.record.stats.steps += 1
         self.note_all(step_events(self.config, before, plan, self.lock.state))
         self.note_all(profile_events(before, mid, plan))
+        self.note_all(nano_cache_events(before, mid, plan, self.lock.state))
         return plan
 
     def note_all(self, labels: Iterable[str]) -> None:
@@ -409,3 +440,97 @@ class PeerMachine(RecordedMachine):
                     fail("no_livelock", f"{self.PEER}: state repeats after {steps} drain steps")
                 seen.add(key)
             self.lock.finish()
+
+
+#: The system prompt's length: 4 blocks of the largest block size.
+SYSTEM_PROMPT_LEN: Final = 4 * 16
+
+
+class NanoPrefixRules(PeerMachine):
+    """Requests that share prefixes, for nano-vllm's prefix cache (N7, N8, N12)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.prompts: list[tuple[tuple[int, ...], NewRequest]] = []
+        self._system_prompt: tuple[int, ...] = ()
+
+    @property
+    def system_prompt(self) -> tuple[int, ...]:
+        """The example's system prompt, from its config (drawn in ``init_peer``)."""
+        if not self._system_prompt:
+            config = self.config
+            rng = random.Random(config.num_gpu_blocks * 131 + config.max_num_batched_tokens)
+            self._system_prompt = tuple(rng.randrange(VOCAB) for _ in range(SYSTEM_PROMPT_LEN))
+        return self._system_prompt
+
+    def send_shared(self, prompt: tuple[int, ...], req: NewRequest) -> list[str]:
+        """Submit ``prompt`` as is, with ``req``'s parameters, both cut to what R4 accepts
+        (nano-vllm has no chunked prefill: prompt + outputs - 1 within the budget too)."""
+        config = self.config
+        cap = min(config.num_gpu_blocks * config.block_size, config.max_num_batched_tokens)
+        prompt = prompt[:cap]
+        _, params = self.resolve(req)
+        params = replace(params, max_tokens=max(1, min(req.max_tokens, cap - len(prompt) + 1)))
+        request_id = self.fresh_id()
+        self.shared = True
+        try:
+            accepted = self.submit(request_id, prompt, params)
+        finally:
+            self.shared = False
+        if not accepted:
+            return []
+        self.prompts.append((prompt, req))
+        return [request_id]
+
+    @precondition(lambda self: self.running())
+    @rule(
+        target=REQUESTS,
+        req=FITTING,
+        num_blocks=st.integers(1, 4),
+        own=st.integers(0, 8),
+        copies=st.integers(1, 4),
+    )
+    @checked
+    def add_shared_prefix(
+        self, req: NewRequest, num_blocks: int, own: int, copies: int
+    ) -> MultipleResults[str]:
+        """The system prompt's first ``num_blocks`` blocks, then each copy's own ``own``
+        tokens (none: the copies are the same whole blocks, N12)."""
+        shared = self.system_prompt[: num_blocks * self.config.block_size]
+        self.note("add: shared prefix")
+        accepted: list[str] = []
+        with self.lockstep():
+            for copy in range(copies):
+                if not self.running():
+                    break
+                rng = random.Random(req.salt + copy)
+                prompt = (*shared, *(rng.randrange(VOCAB) for _ in range(own)))
+                accepted += self.send_shared(prompt, req)
+        return multiple(*accepted)
+
+    @precondition(lambda self: self.running() and bool(self.prompts))
+    @rule(target=REQUESTS, pick=st.integers(0, 2**16))
+    @checked
+    def resend(self, pick: int) -> MultipleResults[str]:
+        """A prompt sent before, again, wherever its first copy is now."""
+        prompt, req = self.prompts[pick % len(self.prompts)]
+        accepted: list[str] = []
+        with self.lockstep():
+            accepted = self.send_shared(prompt, req)
+        return multiple(*accepted)
+
+    @precondition(lambda self: self.running() and bool(self.prompts))
+    @rule(target=REQUESTS, pick=st.integers(0, 2**16), turns=st.integers(1, 8))
+    @checked
+    def add_next_turn(self, pick: int, turns: int) -> MultipleResults[str]:
+        """An earlier prompt followed by the oracle's first ``turns`` answers to it: the
+        blocks its first copy's decodes filled (and keyed) are this prompt's too."""
+        prompt, req = self.prompts[pick % len(self.prompts)]
+        tokens = list(prompt)
+        for _ in range(turns):
+            tokens.append(ORACLE(tuple(tokens)))
+        self.note("add: next turn of an earlier prompt")
+        accepted: list[str] = []
+        with self.lockstep():
+            accepted = self.send_shared(tuple(tokens), req)
+        return multiple(*accepted)

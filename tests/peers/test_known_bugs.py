@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from kvsched.peers import make_peer
-from kvsched.peers.known import N2_N6, N5, KnownBug, classify, installed_version
+from kvsched.peers.known import N2_N6, N5, N12, KnownBug, classify, installed_version
 from kvsched.peers.lockstep import run_workload
 from kvsched.peers.protocol import PeerFailure
 from kvsched.workload import WorkloadRequest
@@ -34,6 +34,7 @@ def nano_config(fields: dict[str, int]) -> SchedulerConfig:
         block_size=fields["block_size"],
         max_num_batched_tokens=fields.get("max_num_batched_tokens", 2048),
         enable_chunked_prefill=False,
+        enable_prefix_caching=True,
         semantics=Semantics.NANO_VLLM,
     )
 
@@ -53,6 +54,11 @@ N5_CONFIG = {"num_gpu_blocks": 2, "block_size": 2}
 N5_WORKLOAD = [
     WorkloadRequest(request_id="r0", prompt=(201, 2), params=PARAMS),
     WorkloadRequest(request_id="r1", prompt=(202, 3), params=PARAMS),
+]
+#: tests/peers/repros/prefix_hit.jsonl: the same prompt of one whole block, twice.
+N12_CONFIG = {"num_gpu_blocks": 8, "block_size": 4}
+N12_WORKLOAD = [
+    WorkloadRequest(request_id=f"r{i}", prompt=(5, 6, 7, 8), params=PARAMS) for i in range(2)
 ]
 #: A request that never fits the pool (N6), and one longer than the budget (N2).
 NEVER_SCHEDULED = {
@@ -92,10 +98,25 @@ def test_n2_n6_a_request_that_can_never_run_is_refused_or_harmless(case: str) ->
     peer.step(ORACLE)  # raises PeerFailure (AssertionError in schedule()) on 20260210
 
 
+@on_pinned_version(N12)
+def test_n12_every_prefill_computes_a_token() -> None:
+    """A prompt of whole blocks that all hit must still compute its last token (vLLM
+    recomputes the last block, PC3): the model runner samples from the logits of the
+    tokens a prefill computes. The adapter raises ``FullHitPrefill`` (a ``PeerFailure``)
+    where nano-vllm schedules none."""
+    require_peer("nano-vllm")
+    peer = make_peer("nano-vllm", nano_config(N12_CONFIG))
+    for r in N12_WORKLOAD:
+        peer.add_request(r.request_id, r.prompt, r.params)
+    plan = peer.step(ORACLE)
+    assert all(n >= 1 for n in plan.num_scheduled_tokens), plan
+
+
 @pytest.mark.parametrize(
     ("bug", "config", "workload"),
     [
         (N5, nano_config(N5_CONFIG), N5_WORKLOAD),
+        (N12, nano_config(N12_CONFIG), N12_WORKLOAD),
         *(
             (
                 N2_N6,
@@ -105,7 +126,7 @@ def test_n2_n6_a_request_that_can_never_run_is_refused_or_harmless(case: str) ->
             for fields, prompt in NEVER_SCHEDULED.values()
         ),
     ],
-    ids=["N5", *NEVER_SCHEDULED],
+    ids=["N5", "N12", *NEVER_SCHEDULED],
 )
 def test_the_machines_recognise_the_bug(
     bug: KnownBug, config: SchedulerConfig, workload: list[WorkloadRequest]

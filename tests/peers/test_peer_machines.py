@@ -11,7 +11,7 @@ from __future__ import annotations
 from hypothesis import settings
 
 from tests.peers.conftest import require_peer
-from tests.peers.machine import REQUIRED_NANO, REQUIRED_VLLM, PeerMachine
+from tests.peers.machine import REQUIRED_NANO, REQUIRED_VLLM, NanoPrefixRules, PeerMachine
 from tests.stateful.harness import run_differential
 from tests.stateful.profiles import SUPPRESSED
 
@@ -23,7 +23,7 @@ class VllmMachine(PeerMachine):
 
 
 @settings(deadline=None, suppress_health_check=SUPPRESSED)
-class NanoVllmMachine(PeerMachine):
+class NanoVllmMachine(NanoPrefixRules):
     NAME = "NanoVllmMachine"
     PEER = "nano-vllm"
 

@@ -114,9 +114,30 @@ DOCUMENTED = [
     ("nano-vllm", "running_keeps_victim", "--num-gpu-blocks 2 --block-size 2",  # N5
      "conform: DIVERGED at step 1: state.running[0]: spec (absent), engine RequestState(",
      "conform: DIVERGED at step 1: state.running[0]: spec (absent), engine RequestState("),
-    ("nano-vllm", "prefix_hit", "--num-gpu-blocks 8 --block-size 4",  # N7, prefix caching
-     "conform: DIVERGED at step 0: plan.scheduled[1].start: spec 0, engine 4",
-     "conform: DIVERGED at step 0: plan.scheduled[1].start: spec 0, engine 4"),
+    # N12: a prompt of whole blocks that all hit: nano-vllm prefills zero tokens (a peer
+    # bug, whatever the spec's profile).
+    ("nano-vllm", "prefix_hit", "--num-gpu-blocks 8 --block-size 4",
+     "conform: DIVERGED at step 0: step(): spec '(returns)', engine \"raised nano-vllm: "
+     "FullHitPrefill",
+     "conform: DIVERGED at step 0: step(): spec '(returns)', engine \"raised nano-vllm: "
+     "FullHitPrefill"),
+    # N7: a hit between running requests; the kvsched run has caching off.
+    ("nano-vllm", "shared_prefix_hit", "--num-gpu-blocks 8 --block-size 4",
+     OK, "conform: DIVERGED at step 0: plan.scheduled[1].start: spec 0, engine 4"),
+]  # fmt: skip
+
+# nano-vllm's prefix-cache rules (N7, N8, N13): each agrees under the nano-vllm profile
+# (caching on by default there) and diverges under kvsched's own caching rules (PC1-PC9).
+NANO_CACHE_RULES = [
+    ("shared_prefix_hit", "--num-gpu-blocks 8 --block-size 4",  # drop-key-on-free (tail)
+     "conform: DIVERGED at step 2: state.prefix_cache.free_queue[0]: spec 2, engine 3"),
+    ("drop_key_on_free", "--num-gpu-blocks 8 --block-size 4",
+     "conform: DIVERGED at step 0: state.prefix_cache.free_queue[0]: spec 1, engine 2"),
+    ("admission_len_seq", "--num-gpu-blocks 3 --block-size 4",
+     "conform: DIVERGED at step 0: plan.scheduled[1]: spec ScheduledChunk(request_id='r1', "
+     "start=4, num_tokens=1), engine (absent)"),
+    ("last_key_wins", "--num-gpu-blocks 8 --block-size 4",
+     "conform: DIVERGED at step 1: state.prefix_cache.cached[0][1]: spec 0, engine 1"),
 ]  # fmt: skip
 
 
@@ -139,6 +160,22 @@ def test_documented_differences(
     result = invoke("conform", "--engine", peer, path, *options.split(), *kvsched)
     assert result.out.startswith(kvsched_verdict), result.out + result.err
     assert result.code == (0 if kvsched_verdict == OK else 1)
+
+
+@pytest.mark.parametrize(
+    ("name", "options", "kvsched_verdict"), NANO_CACHE_RULES, ids=[r[0] for r in NANO_CACHE_RULES]
+)
+def test_nano_vllm_cache_rules(
+    invoke: Invoke, *, name: str, options: str, kvsched_verdict: str
+) -> None:
+    require_peer("nano-vllm")
+    path = str(REPROS / f"{name}.jsonl")
+    result = invoke("conform", "--engine", "nano-vllm", path, *options.split())
+    assert result.out.startswith(OK), result.out + result.err
+    kvsched = ["--semantics", "kvsched", "--no-enable-chunked-prefill", "--enable-prefix-caching"]
+    result = invoke("conform", "--engine", "nano-vllm", path, *options.split(), *kvsched)
+    assert result.out.startswith(kvsched_verdict), result.out + result.err
+    assert result.code == 1
 
 
 @pytest.mark.parametrize(

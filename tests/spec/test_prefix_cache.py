@@ -56,7 +56,9 @@ def test_swap_and_other_profiles_are_refused() -> None:
     with pytest.raises(ConfigError):
         config(preemption_mode=PreemptionMode.SWAP)
     with pytest.raises(ConfigError):
-        config(semantics="nano-vllm", enable_chunked_prefill=False)
+        config(semantics="vllm-v1")
+    # nano-vllm's cache is modelled (its profile's rules in spec/profiles.py).
+    assert config(semantics="nano-vllm", enable_chunked_prefill=False).enable_prefix_caching
 
 
 def test_the_hit_is_capped_one_token_short_in_whole_blocks() -> None:

@@ -23,6 +23,7 @@ from spec.types import PreemptionMode, SchedulerConfig, SchedulerState, StepPlan
 from tests.stateful.base import REQUESTS, checked
 from tests.stateful.coverage import REQUIRED_EVENTS
 from tests.stateful.machine import DifferentialMachine
+from tests.stateful.nano_cache import NANO_CACHE_EVENTS, nano_cache_events
 from tests.stateful.rules import init_rule
 from tests.stateful.strategies import NEW_REQUESTS, NewRequest, engine_configs
 
@@ -45,7 +46,7 @@ PREFIX_EVENTS: Final = frozenset(
 )
 
 #: The machines with caching on never swap (caching refuses swap mode) and run the
-#: kvsched profile only (caching is refused with the peer profiles).
+#: kvsched and nano-vllm profiles only (vllm-v1 refuses caching so far).
 _UNREACHABLE_WITH_CACHING: Final = frozenset(
     {
         "config: mode=swap",
@@ -58,13 +59,14 @@ _UNREACHABLE_WITH_CACHING: Final = frozenset(
         *(
             event
             for event in REQUIRED_EVENTS
-            if event.startswith(("vllm-v1/", "nano-vllm/"))
-            or (event.startswith("config: semantics=") and event != "config: semantics=kvsched")
+            if event.startswith("vllm-v1/") or event == "config: semantics=vllm-v1"
         ),
     }
 )
 
-PREFIX_REQUIRED_EVENTS: Final = (REQUIRED_EVENTS - _UNREACHABLE_WITH_CACHING) | PREFIX_EVENTS
+PREFIX_REQUIRED_EVENTS: Final = (
+    (REQUIRED_EVENTS - _UNREACHABLE_WITH_CACHING) | PREFIX_EVENTS | NANO_CACHE_EVENTS
+)
 
 
 class PrefixRules(DifferentialMachine):
@@ -171,6 +173,8 @@ class PrefixRules(DifferentialMachine):
         if set(cache_before.cached) - set(cache_mid.cached):
             self.note("prefix: cached block reclaimed")
         after = self.lock.state
+        for label in nano_cache_events(before, mid, plan, after):
+            self.note(label)
         held = [block for r in after.running for block in r.block_ids]
         if len(set(held)) < len(held):
             self.note("prefix: block shared by running requests")

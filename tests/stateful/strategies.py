@@ -17,6 +17,9 @@ POLICY_NAMES: Final = tuple(sorted(spec.POLICIES))
 #: kvsched twice: the profiles share the example budget, and kvsched has the most paths
 #: (every mode and policy); each peer profile gets a quarter of the examples.
 SEMANTICS: Final = (Semantics.KVSCHED, Semantics.VLLM_V1, Semantics.KVSCHED, Semantics.NANO_VLLM)
+#: With prefix caching: the profiles that model it (vllm-v1 refuses it so far), kvsched
+#: twice as often (it has restart mode and every policy).
+CACHING_SEMANTICS: Final = (Semantics.KVSCHED, Semantics.KVSCHED, Semantics.NANO_VLLM)
 
 
 def printable_config(**fields: object) -> st.SearchStrategy[SchedulerConfig]:
@@ -47,14 +50,13 @@ def engine_configs(
 
     The GPU pool holds 8-64 tokens (at least two blocks); swap mode (drawn half the
     time) gets a CPU pool from none (every swap falls back to recompute) through too
-    small to twice the GPU pool. With ``prefix_caching`` the config turns it on and
-    the mode is recompute or restart (caching refuses swap); the other draws are the
-    same.
+    small to twice the GPU pool. With ``prefix_caching`` the config turns it on, the
+    profile is kvsched or nano-vllm (``CACHING_SEMANTICS``) and the mode is recompute or
+    restart (caching refuses swap); the other draws are the same.
     """
-    # Prefix caching is the kvsched profile's only (SchedulerConfig refuses the others).
-    semantics = Semantics.KVSCHED if prefix_caching else draw(st.sampled_from(semantics_choices))
+    semantics = draw(st.sampled_from(CACHING_SEMANTICS if prefix_caching else semantics_choices))
     if semantics is not Semantics.KVSCHED:
-        return draw(profile_configs(semantics))
+        return draw(profile_configs(semantics, prefix_caching=prefix_caching))
     block_size = draw(st.sampled_from(BLOCK_SIZES))
     gpu_tokens = draw(st.integers(8, 64))
     num_gpu_blocks = max(2, gpu_tokens // block_size)  # 16 x 1 block: no two requests fit
@@ -90,13 +92,17 @@ def engine_configs(
 
 
 @st.composite
-def profile_configs(draw: st.DrawFn, semantics: Semantics) -> SchedulerConfig:
+def profile_configs(
+    draw: st.DrawFn, semantics: Semantics, *, prefix_caching: bool = False
+) -> SchedulerConfig:
     """A config a peer profile accepts (its constraints: ``SchedulerConfig.__post_init__``).
 
     Both: recompute only, no CPU pool. vllm-v1: ``lifo`` or ``priority``,
     ``max_num_batched_tokens >= max_num_seqs``, ``max_model_len`` drawn or the default
     (the whole cache; with chunked prefill off at most the budget). nano-vllm: ``lifo``,
-    chunked prefill off, block size >= 2.
+    chunked prefill off, block size >= 2; with ``prefix_caching`` (nano-vllm only) half
+    the budgets are the whole pool, so that prompts longer than a block, which may hit,
+    fit (without chunked prefill a prompt must fit the budget).
     """
     nano = semantics is Semantics.NANO_VLLM
     block_size = draw(st.sampled_from(BLOCK_SIZES[1:] if nano else BLOCK_SIZES))
@@ -110,6 +116,9 @@ def profile_configs(draw: st.DrawFn, semantics: Semantics) -> SchedulerConfig:
     else:
         budgets = st.integers(1, 64) if nano else st.integers(max_num_seqs, 64)
     max_num_batched_tokens = draw(budgets)
+    if prefix_caching:
+        pool = num_gpu_blocks * block_size
+        max_num_batched_tokens = draw(st.sampled_from((max_num_batched_tokens, pool)))
     chunked = False if nano else draw(st.booleans())
     policy = "lifo" if nano else draw(st.sampled_from(("lifo", "priority")))
     max_model_len: int | None = None
@@ -129,6 +138,7 @@ def profile_configs(draw: st.DrawFn, semantics: Semantics) -> SchedulerConfig:
             max_num_seqs=max_num_seqs,
             enable_chunked_prefill=chunked,
             policy=policy,
+            enable_prefix_caching=prefix_caching,
             semantics=semantics,
             max_model_len=max_model_len,
         )
