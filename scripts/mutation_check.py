@@ -209,8 +209,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "the engine never stops on the EOS token",
         (
             PHASES,
-            "if token == seq.eos_token_id or computed + 1 == seq.stop_len:",
-            "if computed + 1 == seq.stop_len:",
+            "if token == seq.eos_token_id or num_tokens == seq.stop_len:",
+            "if num_tokens == seq.stop_len:",
         ),
         expect=DIVERGES,
         quick=True,
@@ -236,7 +236,7 @@ MUTANTS: tuple[Mutant, ...] = (
     mutant(
         "length-off-by-one",
         "a request finishes one output after max_tokens",
-        (PHASES, "computed + 1 == seq.stop_len:", "computed == seq.stop_len:"),
+        (PHASES, "num_tokens == seq.stop_len:", "num_tokens - 1 == seq.stop_len:"),
         expect=DIVERGES,
     ),
     mutant(
@@ -536,7 +536,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "    if num_outputs >= max_tokens:\n        return True\n",
             "    if num_outputs > max_tokens:\n        return True\n",
         ),
-        (PHASES, "computed + 1 == seq.stop_len:", "computed == seq.stop_len:"),
+        (PHASES, "num_tokens == seq.stop_len:", "num_tokens - 1 == seq.stop_len:"),
         # A drain (teardown) runs no state invariant per step: the toy's solo run,
         # which the mutants do not touch, stops at max_tokens.
         expect=("spec_state_valid", "plan_valid", "outputs_match_solo"),
