@@ -158,8 +158,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "phase A counts one block too many when a chunk ends on a block boundary",
         (
             PHASES,
-            "need = (computed + n - 1) // bs + 1 - len(table)",
-            "need = (computed + n) // bs + 1 - len(table)",
+            "need = (end - 1) // bs + 1 - len(table)",
+            "need = end // bs + 1 - len(table)",
         ),
         expect=(*DIVERGES, "blocks_conserved"),
     ),
@@ -191,9 +191,14 @@ MUTANTS: tuple[Mutant, ...] = (
         "waiting requests are admitted in a step that preempted (no anti-thrash rule)",
         (
             SCHED,
-            "                    if not self.swapped:\n"
+            "                if not out.preempted:\n"
+            "                    if self.swapped:\n"
+            "                        budget = phases.swap_in(self, out, budget)\n"
+            "                    if not self.swapped and self.waiting:\n"
             "                        budget = phases.admit(self, out, budget)\n",
-            "                if not self.swapped:\n"
+            "                if not out.preempted and self.swapped:\n"
+            "                    budget = phases.swap_in(self, out, budget)\n"
+            "                if not self.swapped and self.waiting:\n"
             "                    budget = phases.admit(self, out, budget)\n",
         ),
         expect=DIVERGES,
@@ -220,8 +225,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "a finished request stays in running until the next schedule() (one step too long)",
         (
             PHASES,
-            "    for i in reversed(finished_at):  # scheduled[i] is running[first + i]\n"
-            "        del running[first + i]\n",
+            "    for position in reversed(positions):\n        del running[position]\n",
             "    del running  # mutant: finished requests are purged by the next schedule()\n",
         ),
         (
@@ -347,7 +351,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "the step's StepPlan leaves out the swap-ins (impl/plan.py)",
         (
             "impl/plan.py",
-            "        swapped_in=tuple([seq.request_id for seq, _ in out.swapped_in]),\n",
+            "        swapped_in=tuple([seq.request_id for seq, _ in swapped_in])"
+            " if swapped_in else (),\n",
             "        swapped_in=(),\n",
         ),
         expect=("plan_matches_spec",),
@@ -620,10 +625,8 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
         (
             SCHED,
-            "                    if not self.swapped:\n"
-            "                        budget = phases.admit(self, out, budget)\n",
-            "                    if True:\n"
-            "                        budget = phases.admit(self, out, budget)\n",
+            "                    if not self.swapped and self.waiting:\n",
+            "                    if self.waiting:\n",
         ),
         expect=("plan_valid",),
         common_mode=True,
