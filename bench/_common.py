@@ -8,11 +8,18 @@ import os
 import platform
 import statistics
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
+from typing import ParamSpec, TypeVar
 
 import torch
 
-from model import resolve_device
+from impl import LLMEngine
+from model import LlamaForCausalLM, resolve_device
+from spec.types import FinishedRequest, SamplingParams, SchedulerConfig
+
+P = ParamSpec("P")
+T = TypeVar("T")
 
 
 def cpu_model() -> str:
@@ -100,6 +107,35 @@ def spread(values: Sequence[float]) -> str:
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def timed_call(
+    device: torch.device, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs
+) -> tuple[T, float]:
+    """``fn(*args, **kwargs)`` and its wall seconds (the device synchronised first and
+    last, so queued kernels count)."""
+    sync(device)
+    start = time.perf_counter()
+    result = fn(*args, **kwargs)
+    sync(device)
+    return result, time.perf_counter() - start
+
+
+def run_engine(
+    model: LlamaForCausalLM,
+    config: SchedulerConfig,
+    requests: Sequence[tuple[str, list[int], SamplingParams]],
+    device: torch.device,
+    prepare: Callable[[LLMEngine], None] | None = None,
+) -> tuple[LLMEngine, list[FinishedRequest], float]:
+    """A fresh engine for ``config`` around ``model`` generates ``requests``: the engine
+    (its metrics), what finished and the wall seconds of ``generate``. ``prepare`` gets
+    the engine first (to time its parts)."""
+    engine = LLMEngine(config, model=model)
+    if prepare is not None:
+        prepare(engine)
+    finished, wall = timed_call(device, engine.generate, requests)
+    return engine, finished, wall
 
 
 def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:

@@ -1,4 +1,5 @@
-"""Tiny random Hugging Face Llama checkpoints for the benchmarks (needs ``transformers``)."""
+"""Tiny random Hugging Face Llama checkpoints for the benchmarks and the model tests
+(needs ``transformers``)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ from typing import Any
 
 import torch
 
-# The tiny shape the model tests use (tests/model/helpers.py): vocabulary 256, hidden 64,
-# 2 layers, 4 query heads over 2 KV heads.
+# The tiny shape of the benchmarks and the model tests (tests/model/helpers.py):
+# vocabulary 256, hidden 64, 2 layers, 4 query heads over 2 KV heads.
 TINY_SHAPE: dict[str, int] = {
     "vocab_size": 256,
     "hidden_size": 64,
@@ -36,14 +37,24 @@ def transformers_version() -> str:
     return str(transformers_module().__version__)
 
 
-def save_tiny_hf_llama(path: Path, *, seed: int, **overrides: int) -> Any:
-    """A random ``transformers.LlamaForCausalLM`` (float32, eval) saved as safetensors in
-    ``path``; returns the in-memory model. No BOS/EOS/pad ids: nothing stops early."""
+def build_tiny_hf_llama(
+    *,
+    seed: int,
+    tie_word_embeddings: bool = False,
+    initializer_range: float = 0.1,
+    **overrides: Any,
+) -> Any:
+    """A random ``transformers.LlamaForCausalLM`` (eval, float32) fixed by ``seed``.
+
+    The global torch RNG is forked, so callers' random state is untouched. BOS/EOS/pad
+    are unset so ``generate`` never stops early on a random "end" token. ``overrides``
+    replace entries of ``TINY_SHAPE`` or add other ``LlamaConfig`` keys.
+    """
     transformers = transformers_module()
     config = transformers.LlamaConfig(
         **(TINY_SHAPE | overrides),
-        tie_word_embeddings=False,
-        initializer_range=0.1,
+        tie_word_embeddings=tie_word_embeddings,
+        initializer_range=initializer_range,
         bos_token_id=None,
         eos_token_id=None,
         pad_token_id=None,
@@ -51,7 +62,20 @@ def save_tiny_hf_llama(path: Path, *, seed: int, **overrides: int) -> Any:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         hf_model = transformers.LlamaForCausalLM(config)
+    return hf_model.eval()
+
+
+def save_tiny_hf_llama(
+    path: str | Path, *, seed: int, max_shard_size: str | None = None, **build: Any
+) -> Any:
+    """``build_tiny_hf_llama(seed=seed, **build)`` saved as safetensors in ``path``; returns
+    the in-memory model. ``max_shard_size`` (e.g. "20KB") forces a sharded checkpoint with
+    an index file."""
+    hf_model = build_tiny_hf_llama(seed=seed, **build)
+    kwargs: dict[str, Any] = {"safe_serialization": True}
+    if max_shard_size is not None:
+        kwargs["max_shard_size"] = max_shard_size
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        hf_model.save_pretrained(str(path), safe_serialization=True)
-    return hf_model.eval()
+        hf_model.save_pretrained(str(path), **kwargs)
+    return hf_model

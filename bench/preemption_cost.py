@@ -31,7 +31,6 @@ Usage: ``python -m bench.preemption_cost [--device cpu|cuda] [--model tiny|small
 from __future__ import annotations
 
 import argparse
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,13 +43,14 @@ from bench._common import (
     markdown_table,
     median,
     print_header,
+    run_engine,
     setup_torch,
-    sync,
+    timed_call,
 )
 from impl import LLMEngine
 from impl.block_manager import cdiv
 from model import ForwardBatch, LlamaConfig, LlamaForCausalLM, Span, build_tiny_model
-from spec.types import PreemptionMode, SamplingParams, SchedulerConfig
+from spec.types import FinishedRequest, PreemptionMode, SamplingParams, SchedulerConfig
 
 MODELS = {
     "tiny": LlamaConfig(),
@@ -76,43 +76,37 @@ class Measure:
     swapped: tuple[int, int] = (0, 0)
     outputs: list[tuple[int, ...]] = field(default_factory=list)
 
+    def record(
+        self, engine: LLMEngine, finished: list[FinishedRequest], wall: float, copy: float
+    ) -> None:
+        m = engine.metrics
+        self.wall.append(wall)
+        self.copy.append(copy)
+        self.preemptions = m.num_preemptions
+        self.steps = m.steps
+        self.recomputed = m.recomputed_tokens
+        self.swapped = (m.swap_out_blocks, m.swap_in_blocks)
+        self.outputs = [f.output_token_ids for f in finished]
+
 
 def timed(fn: Callable[..., Any], totals: list[float], device: torch.device) -> Callable[..., Any]:
     def wrapper(*args: Any) -> Any:
-        sync(device)
-        start = time.perf_counter()
-        result = fn(*args)
-        sync(device)
-        totals[0] += time.perf_counter() - start
+        result, seconds = timed_call(device, fn, *args)
+        totals[0] += seconds
         return result
 
     return wrapper
 
 
-def run_once(
-    model: LlamaForCausalLM,
-    config: SchedulerConfig,
-    requests: list[tuple[str, list[int], SamplingParams]],
-    measure: Measure,
-    device: torch.device,
-) -> None:
-    engine = LLMEngine(config, model=model)
-    copy_time = [0.0]
-    cache = engine.cache_engine
-    setattr(cache, "swap_out", timed(cache.swap_out, copy_time, device))  # noqa: B010
-    setattr(cache, "swap_in", timed(cache.swap_in, copy_time, device))  # noqa: B010
-    sync(device)
-    start = time.perf_counter()
-    finished = engine.generate(requests)
-    sync(device)
-    measure.wall.append(time.perf_counter() - start)
-    measure.copy.append(copy_time[0])
-    m = engine.metrics
-    measure.preemptions = m.num_preemptions
-    measure.steps = m.steps
-    measure.recomputed = m.recomputed_tokens
-    measure.swapped = (m.swap_out_blocks, m.swap_in_blocks)
-    measure.outputs = [f.output_token_ids for f in finished]
+def timing_copies(copy_time: list[float], device: torch.device) -> Callable[[LLMEngine], None]:
+    """Add the wall seconds of an engine's swap copies to ``copy_time[0]``."""
+
+    def prepare(engine: LLMEngine) -> None:
+        cache = engine.cache_engine
+        setattr(cache, "swap_out", timed(cache.swap_out, copy_time, device))  # noqa: B010
+        setattr(cache, "swap_in", timed(cache.swap_in, copy_time, device))  # noqa: B010
+
+    return prepare
 
 
 def prefill_ms(
@@ -127,11 +121,7 @@ def prefill_ms(
     with torch.inference_mode():
         model.forward(batch, cache)  # warm-up
         for _ in range(5):
-            sync(device)
-            start = time.perf_counter()
-            model.forward(batch, cache)
-            sync(device)
-            times.append(time.perf_counter() - start)
+            times.append(timed_call(device, model.forward, batch, cache)[1])
     return median(times) * 1e3
 
 
@@ -197,11 +187,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 num_cpu_blocks=per_request * args.requests,
             ),
         }
-        run_once(model, configs["baseline"], requests[:2], Measure(), device)  # warm-up
+        run_engine(model, configs["baseline"], requests[:2], device)  # warm-up
         results = {name: Measure() for name in configs}
         for _ in range(args.repeats):  # interleaved, so that load hits every mode alike
             for name, config in configs.items():
-                run_once(model, config, requests, results[name], device)
+                copy_time = [0.0]
+                run = run_engine(model, config, requests, device, timing_copies(copy_time, device))
+                results[name].record(*run, copy_time[0])
         baseline = median(results["baseline"].wall)
         for name in ("recompute", "swap"):
             r = results[name]

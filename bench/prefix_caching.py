@@ -22,7 +22,6 @@ Usage: ``python -m bench.prefix_caching [--quick] [--device cpu|cuda]``.
 from __future__ import annotations
 
 import argparse
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -34,14 +33,14 @@ from bench._common import (
     markdown_table,
     median,
     print_header,
+    run_engine,
     setup_torch,
-    sync,
 )
 from impl import LLMEngine
 from kvsched.distributions import IntDistribution
 from kvsched.workload import GeneratorSettings, generate_workload
-from model import LlamaForCausalLM, build_tiny_model
-from spec.types import SamplingParams, SchedulerConfig
+from model import build_tiny_model
+from spec.types import FinishedRequest, SamplingParams, SchedulerConfig
 
 
 @dataclass
@@ -52,6 +51,15 @@ class Measure:
     generated: int = 0
     hit_rate: float = 0.0
     outputs: list[tuple[int, ...]] = field(default_factory=list)
+
+    def record(self, engine: LLMEngine, finished: list[FinishedRequest], wall: float) -> None:
+        m = engine.metrics
+        self.wall.append(wall)
+        self.steps = m.steps
+        self.forward_tokens = m.scheduled_tokens
+        self.generated = m.generated_tokens
+        self.hit_rate = m.prefix_cache_hit_rate
+        self.outputs = [f.output_token_ids for f in finished]
 
 
 def workload(args: argparse.Namespace) -> list[tuple[str, list[int], SamplingParams]]:
@@ -69,27 +77,6 @@ def workload(args: argparse.Namespace) -> list[tuple[str, list[int], SamplingPar
         (r.request_id, list(r.prompt), SamplingParams(max_tokens=args.max_tokens, ignore_eos=True))
         for r in requests
     ]
-
-
-def run_once(
-    model: LlamaForCausalLM,
-    config: SchedulerConfig,
-    requests: list[tuple[str, list[int], SamplingParams]],
-    measure: Measure,
-    device: torch.device,
-) -> None:
-    engine = LLMEngine(config, model=model)
-    sync(device)
-    start = time.perf_counter()
-    finished = engine.generate(requests)
-    sync(device)
-    measure.wall.append(time.perf_counter() - start)
-    m = engine.metrics
-    measure.steps = m.steps
-    measure.forward_tokens = m.scheduled_tokens
-    measure.generated = m.generated_tokens
-    measure.hit_rate = m.prefix_cache_hit_rate
-    measure.outputs = [f.output_token_ids for f in finished]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -129,7 +116,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 max_num_batched_tokens=args.max_num_batched_tokens,
                 enable_prefix_caching=caching,
             )
-            run_once(model, config, requests, measures[caching], device)
+            measures[caching].record(*run_engine(model, config, requests, device))
     off, on = measures[False], measures[True]
     if off.outputs != on.outputs:
         raise SystemExit("outputs differ between prefix caching off and on")

@@ -78,6 +78,19 @@ def _quiet_option() -> OneLineParser:
     return parent
 
 
+def _distribution_option(
+    parser: OneLineParser, flag: str, low: int, default: str, what: str, *, note: str = ""
+) -> None:
+    """``flag DIST``: a distribution of integers >= ``low``; the help ends with the default."""
+    parser.add_argument(
+        flag,
+        type=argtypes.distribution(low),
+        default=default,
+        metavar="DIST",
+        help=f"{what} ({note}default {default})",
+    )
+
+
 def _add_workload_parser(sub: argparse._SubParsersAction[OneLineParser]) -> None:
     p = sub.add_parser(
         "workload",
@@ -95,20 +108,8 @@ def _add_workload_parser(sub: argparse._SubParsersAction[OneLineParser]) -> None
         help=f"(default 16, at most {MAX_GENERATED_REQUESTS:,})",
     )
     p.add_argument("--seed", type=argtypes.any_int, default=0, metavar="S")
-    p.add_argument(
-        "--prompt-len",
-        type=argtypes.distribution(1),
-        default="4:32",
-        metavar="DIST",
-        help="prompt length distribution (default 4:32)",
-    )
-    p.add_argument(
-        "--max-tokens",
-        type=argtypes.distribution(1),
-        default="longtail:4:64",
-        metavar="DIST",
-        help="max_tokens distribution (default longtail:4:64)",
-    )
+    _distribution_option(p, "--prompt-len", 1, "4:32", "prompt length distribution")
+    _distribution_option(p, "--max-tokens", 1, "longtail:4:64", "max_tokens distribution")
     p.add_argument(
         "--arrival-spread",
         type=argtypes.non_negative_int,
@@ -133,12 +134,8 @@ def _add_workload_parser(sub: argparse._SubParsersAction[OneLineParser]) -> None
         metavar="N",
         help="distinct system prompts for --shared-prefix, request i gets i mod N (default 1)",
     )
-    p.add_argument(
-        "--priority",
-        type=argtypes.distribution(-(2**31)),
-        default="0",
-        metavar="DIST",
-        help="priority distribution (lower is more important; default 0)",
+    _distribution_option(
+        p, "--priority", -(2**31), "0", "priority distribution", note="lower is more important; "
     )
     p.add_argument("--eos-token-id", type=argtypes.non_negative_int, default=None, metavar="T")
     p.add_argument("--ignore-eos", action="store_true")

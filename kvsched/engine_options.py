@@ -41,36 +41,28 @@ _DEFAULTS = {
 }
 
 
+def _count_option(
+    group: argparse._ArgumentGroup, flag: str, what: str, default: int | None = None
+) -> None:
+    """A positive count of ``SchedulerConfig`` (the field named by ``flag``), defaulting
+    to the config's own default unless ``default`` is given."""
+    if default is None:
+        default = _DEFAULTS[flag.removeprefix("--").replace("-", "_")]
+    group.add_argument(
+        flag,
+        type=argtypes.positive_int,
+        default=default,
+        metavar="N",
+        help=f"{what} (default {default})",
+    )
+
+
 def add_engine_options(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("engine options (vLLM's names)")
-    g.add_argument(
-        "--num-gpu-blocks",
-        type=argtypes.positive_int,
-        default=DEFAULT_NUM_GPU_BLOCKS,
-        metavar="N",
-        help=f"KV-cache blocks on the device (default {DEFAULT_NUM_GPU_BLOCKS})",
-    )
-    g.add_argument(
-        "--block-size",
-        type=argtypes.positive_int,
-        default=_DEFAULTS["block_size"],
-        metavar="N",
-        help=f"tokens per KV block (default {_DEFAULTS['block_size']})",
-    )
-    g.add_argument(
-        "--max-num-batched-tokens",
-        type=argtypes.positive_int,
-        default=_DEFAULTS["max_num_batched_tokens"],
-        metavar="N",
-        help=f"token budget of one step (default {_DEFAULTS['max_num_batched_tokens']})",
-    )
-    g.add_argument(
-        "--max-num-seqs",
-        type=argtypes.positive_int,
-        default=_DEFAULTS["max_num_seqs"],
-        metavar="N",
-        help=f"most requests running at once (default {_DEFAULTS['max_num_seqs']})",
-    )
+    _count_option(g, "--num-gpu-blocks", "KV-cache blocks on the device", DEFAULT_NUM_GPU_BLOCKS)
+    _count_option(g, "--block-size", "tokens per KV block")
+    _count_option(g, "--max-num-batched-tokens", "token budget of one step")
+    _count_option(g, "--max-num-seqs", "most requests running at once")
     g.add_argument(
         "--enable-chunked-prefill",
         action=argparse.BooleanOptionalAction,

@@ -40,12 +40,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
-#: What a copy needs to run the stateful suite (kvsched/, bench/, docs/ are not needed).
+#: What a copy needs to run the stateful suite (bench/, docs/ are not needed; kvsched/
+#: holds the lockstep comparison the suite drives).
 COPIED = (
     "pyproject.toml",
     "spec",
     "impl",
     "model",
+    "kvsched",
     "tests/__init__.py",
     "tests/conftest.py",
     "tests/stateful",
@@ -130,6 +132,16 @@ DIVERGES = ("plan_matches_spec", "observe_matches_spec", "same_abort")
 #: What a wrong token (a K/V, position or sampling bug) shows up as.
 WRONG_TOKEN = ("sampled_tokens_match_solo", "outputs_match_solo", "kv_contents")
 
+#: impl's abort of a running request keeps its GPU blocks (alone, and with the spec's
+#: twin for the common-mode mutant).
+RUNNING_ABORT_KEEPS_BLOCKS = (
+    SCHED,
+    "            self.num_cached_tokens -= seq.num_computed\n"
+    "            self.gpu.free(seq.block_table)\n"
+    "        elif status is _SWAPPED:\n",
+    "            self.num_cached_tokens -= seq.num_computed\n        elif status is _SWAPPED:\n",
+)
+
 # Patch anchors are whole distinctive lines (or a few), so that an edit elsewhere in a
 # file does not move them; a missing anchor stops the script naming the mutant.
 MUTANTS: tuple[Mutant, ...] = (
@@ -146,8 +158,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "phase A counts one block too many when a chunk ends on a block boundary",
         (
             PHASES,
-            "need = (computed + n - 1) // bs + 1 - len(table)",
-            "need = (computed + n) // bs + 1 - len(table)",
+            "need = (end - 1) // bs + 1 - len(table)",
+            "need = end // bs + 1 - len(table)",
         ),
         expect=(*DIVERGES, "blocks_conserved"),
     ),
@@ -179,9 +191,14 @@ MUTANTS: tuple[Mutant, ...] = (
         "waiting requests are admitted in a step that preempted (no anti-thrash rule)",
         (
             SCHED,
-            "                    if not self.swapped:\n"
+            "                if not out.preempted:\n"
+            "                    if self.swapped:\n"
+            "                        budget = phases.swap_in(self, out, budget)\n"
+            "                    if not self.swapped and self.waiting:\n"
             "                        budget = phases.admit(self, out, budget)\n",
-            "                if not self.swapped:\n"
+            "                if not out.preempted and self.swapped:\n"
+            "                    budget = phases.swap_in(self, out, budget)\n"
+            "                if not self.swapped and self.waiting:\n"
             "                    budget = phases.admit(self, out, budget)\n",
         ),
         expect=DIVERGES,
@@ -197,8 +214,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "the engine never stops on the EOS token",
         (
             PHASES,
-            "if token == seq.eos_token_id or computed + 1 == seq.stop_len:",
-            "if computed + 1 == seq.stop_len:",
+            "if token == seq.eos_token_id or num_tokens == seq.stop_len:",
+            "if num_tokens == seq.stop_len:",
         ),
         expect=DIVERGES,
         quick=True,
@@ -208,8 +225,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "a finished request stays in running until the next schedule() (one step too long)",
         (
             PHASES,
-            "    for i in reversed(finished_at):  # scheduled[i] is running[first + i]\n"
-            "        del running[first + i]\n",
+            "    for position in reversed(positions):\n        del running[position]\n",
             "    del running  # mutant: finished requests are purged by the next schedule()\n",
         ),
         (
@@ -224,20 +240,13 @@ MUTANTS: tuple[Mutant, ...] = (
     mutant(
         "length-off-by-one",
         "a request finishes one output after max_tokens",
-        (PHASES, "computed + 1 == seq.stop_len:", "computed == seq.stop_len:"),
+        (PHASES, "num_tokens == seq.stop_len:", "num_tokens - 1 == seq.stop_len:"),
         expect=DIVERGES,
     ),
     mutant(
         "running-abort-leaks-blocks",
         "aborting a running request does not free its GPU blocks",
-        (
-            SCHED,
-            "            self.num_cached_tokens -= seq.num_computed\n"
-            "            self.gpu.free(seq.block_table)\n"
-            "        elif status is _SWAPPED:\n",
-            "            self.num_cached_tokens -= seq.num_computed\n"
-            "        elif status is _SWAPPED:\n",
-        ),
+        RUNNING_ABORT_KEEPS_BLOCKS,
         expect=("blocks_conserved", "pools_empty_after_drain"),
     ),
     mutant(
@@ -342,7 +351,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "the step's StepPlan leaves out the swap-ins (impl/plan.py)",
         (
             "impl/plan.py",
-            "        swapped_in=tuple([seq.request_id for seq, _ in out.swapped_in]),\n",
+            "        swapped_in=tuple([seq.request_id for seq, _ in swapped_in])"
+            " if swapped_in else (),\n",
             "        swapped_in=(),\n",
         ),
         expect=("plan_matches_spec",),
@@ -501,14 +511,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "            num_free_gpu_blocks=state.num_free_gpu_blocks + gpu,\n",
             "            num_free_gpu_blocks=state.num_free_gpu_blocks,\n",
         ),
-        (
-            SCHED,
-            "            self.num_cached_tokens -= seq.num_computed\n"
-            "            self.gpu.free(seq.block_table)\n"
-            "        elif status is _SWAPPED:\n",
-            "            self.num_cached_tokens -= seq.num_computed\n"
-            "        elif status is _SWAPPED:\n",
-        ),
+        RUNNING_ABORT_KEEPS_BLOCKS,
         expect=("spec_state_valid", "blocks_conserved"),
         common_mode=True,
         quick=True,
@@ -538,7 +541,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "    if num_outputs >= max_tokens:\n        return True\n",
             "    if num_outputs > max_tokens:\n        return True\n",
         ),
-        (PHASES, "computed + 1 == seq.stop_len:", "computed == seq.stop_len:"),
+        (PHASES, "num_tokens == seq.stop_len:", "num_tokens - 1 == seq.stop_len:"),
         # A drain (teardown) runs no state invariant per step: the toy's solo run,
         # which the mutants do not touch, stops at max_tokens.
         expect=("spec_state_valid", "plan_valid", "outputs_match_solo"),
@@ -622,10 +625,8 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
         (
             SCHED,
-            "                    if not self.swapped:\n"
-            "                        budget = phases.admit(self, out, budget)\n",
-            "                    if True:\n"
-            "                        budget = phases.admit(self, out, budget)\n",
+            "                    if not self.swapped and self.waiting:\n",
+            "                    if self.waiting:\n",
         ),
         expect=("plan_valid",),
         common_mode=True,

@@ -17,52 +17,37 @@ import os
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.database import DirectoryBasedExampleDatabase
 
-settings.register_profile(
-    "ci",
-    derandomize=True,
-    database=None,
-    print_blob=True,
-    deadline=None,
-    max_examples=100,
-    suppress_health_check=[HealthCheck.too_slow],
-)
-settings.register_profile(
-    "dev",
-    max_examples=25,
-    deadline=None,
-    print_blob=True,
-    suppress_health_check=[HealthCheck.too_slow],
-)
-settings.register_profile(
-    "nightly",
-    derandomize=False,
-    max_examples=20_000,
-    deadline=None,
-    print_blob=True,
-    suppress_health_check=[HealthCheck.too_slow],
-)
 
-settings.register_profile(
+def register(name: str, **overrides: object) -> None:
+    """A profile: no deadline (the machines' steps vary a lot), blobs printed, slow
+    draws tolerated, unless ``overrides`` say otherwise."""
+    base: dict[str, object] = {
+        "deadline": None,
+        "print_blob": True,
+        "suppress_health_check": [HealthCheck.too_slow],
+    }
+    settings.register_profile(name, **{**base, **overrides})  # type: ignore[arg-type]
+
+
+register("ci", derandomize=True, database=None, max_examples=100)
+register("dev", max_examples=25)
+register("nightly", derandomize=False, max_examples=20_000)
+register(
     "fuzz",
     derandomize=False,
     database=DirectoryBasedExampleDatabase(
         os.environ.get("KVSCHED_FUZZ_DB") or os.path.join(".hypothesis", "fuzz")
     ),
-    deadline=None,
-    print_blob=True,
-    suppress_health_check=[HealthCheck.too_slow],
 )
 
 # The mutation check (scripts/mutation_check.py): deterministic, and no shrinking, since
 # only *whether* a mutant is caught (and by which invariant) matters there.
-settings.register_profile(
+register(
     "mutation",
     derandomize=True,
     database=None,
     print_blob=False,
-    deadline=None,
     phases=(Phase.explicit, Phase.generate),
-    suppress_health_check=[HealthCheck.too_slow],
 )
 
 # The property tests on CrossHair's solver instead of random draws (docs/crosshair.md):
@@ -70,13 +55,11 @@ settings.register_profile(
 # it is installed. Slow: run it on the small property tests, e.g.
 # ``HYPOTHESIS_PROFILE=crosshair python -m pytest tests/spec/test_kv_policies.py``.
 if importlib.util.find_spec("hypothesis_crosshair_provider") is not None:
-    settings.register_profile(
+    register(
         "crosshair",
         backend="crosshair",
         database=None,
-        deadline=None,
         max_examples=50,
-        print_blob=True,
         suppress_health_check=list(HealthCheck),
     )
 

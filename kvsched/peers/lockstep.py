@@ -14,7 +14,19 @@ a peer) and the peer tests drive it. Per step:
 
 ``add_request`` is compared too: both accept, or both refuse with the same typed
 error; a token outside the vocabulary is the engine's check alone (R4.3), so a
-request refused for it is not given to the spec. An abort is given to both.
+request refused for it is not given to the spec, unless the driver knows the engine's
+vocabulary (``vocab_size``): then the spec side makes R4.3's check too, and every
+refusal is compared. An abort is given to both: both refuse an id the spec does not
+know, and an engine that returns the aborted request has it compared with the spec's.
+
+Hooks for a driver with checks of its own (the stateful suite, tests/stateful/):
+``spec_samples`` has the spec sample with the oracle on its own view of each request
+instead of taking the engine's tokens (for an engine that samples with the same oracle
+through its own KV, so a token it got wrong diverges), and ``advance`` returns the
+step's intermediate values (the spec's state before it and after its decisions). An
+exception the engine raises in ``step`` that is not a ``PeerFailure`` (a fault a
+driver injected) propagates with the spec not advanced: an engine that rolls its step
+back is still in lockstep, and ``compare_states`` says whether it did.
 
 The first difference stops the run: a ``Divergence`` with the step, the field's path
 (``plan.preempted[0].request_id``), both values and both states. Fields the scheduler
@@ -44,7 +56,7 @@ from kvsched.peers.protocol import (
     sampled_tokens,
 )
 from kvsched.workload import WorkloadRequest
-from spec.scheduler import TokenOracle
+from spec.scheduler import TokenOracle, oracle_tokens
 from spec.types import (
     FinishedRequest,
     InvalidRequestError,
@@ -57,6 +69,7 @@ from spec.types import (
     Semantics,
     StepPlan,
     TokenOutOfVocabError,
+    UnknownRequestError,
 )
 
 T = TypeVar("T")
@@ -121,8 +134,31 @@ def in_service_order(state: SchedulerState) -> SchedulerState:
     return replace(state, waiting=spec.get_policy(state.config.policy).order_waiting(state.waiting))
 
 
-def _refusal(e: InvalidRequestError | None) -> str:
+def _refusal(e: Exception | None) -> str:
     return "accepted" if e is None else f"{type(e).__name__}: {e}"
+
+
+def check_vocab(
+    request_id: str, prompt: Sequence[int], params: SamplingParams, vocab_size: int
+) -> None:
+    """R4.3 on the spec side: ``TokenOutOfVocabError`` in R4's order (after the empty
+    prompt and ``max_tokens`` checks, before the spec's own)."""
+    if prompt and params.max_tokens >= 1 and any(not 0 <= t < vocab_size for t in prompt):
+        raise TokenOutOfVocabError(f"request {request_id!r}: a token is outside the vocab")
+
+
+@dataclass(frozen=True, slots=True)
+class Advance:
+    """One step both sides took and agreed on: the spec's state ``before`` it and after
+    its decisions (``mid``, from ``spec.schedule``), those decisions (``decided``), the
+    spec's whole ``plan`` and the engine's (``engine_plan``: equal but for hidden
+    fields). The spec's state after it is ``Lockstep.state``."""
+
+    before: SchedulerState
+    mid: SchedulerState
+    decided: StepPlan
+    plan: StepPlan
+    engine_plan: StepPlan
 
 
 class Lockstep:
@@ -133,9 +169,14 @@ class Lockstep:
         peer: SchedulerUnderTest,
         config: SchedulerConfig,
         next_token: TokenOracle,
+        *,
+        spec_samples: bool = False,
+        vocab_size: int | None = None,
     ) -> None:
         self.peer = peer
         self.next_token = next_token
+        self.spec_samples = spec_samples
+        self.vocab_size = vocab_size
         self.state: SchedulerState = spec.init_state(config)
         self.steps = 0
         self.rejected = 0
@@ -143,6 +184,10 @@ class Lockstep:
         self.spec_finished: list[FinishedRequest] = []
         self.engine_finished: list[FinishedRequest] = []
         self.hidden: frozenset[Hidden] = frozenset()
+        #: The engine's state as ``compare_states`` last found it equal to the spec's, while
+        #: no operation has changed it since (``None`` otherwise): a driver that needs the
+        #: engine's state reads it here rather than observing again.
+        self.last_observed: Observation | None = None
         self.compare_states()
 
     # --- comparison ---------------------------------------------------------------------
@@ -158,11 +203,14 @@ class Lockstep:
         )
 
     def _compare(self, spec_value: object, engine_value: object, path: str) -> None:
+        if spec_value == engine_value:  # the common case, without walking every field
+            return
         d = first_difference(spec_value, engine_value, path)
         if d is not None:
             raise self._diverge(d.path, d.left, d.right)
 
     def compare_states(self) -> None:
+        self.last_observed = None
         observed = self.peer.observe()
         self.hidden = observed.hidden
         self._compare(
@@ -174,6 +222,7 @@ class Lockstep:
             rid: spec.blocks_owned(self.state, rid)[0] for rid in spec.live_request_ids(self.state)
         }
         self._compare(spec_blocks, dict(observed.blocks), "blocks")
+        self.last_observed = observed
 
     def _guard(self, what: str, call: Callable[[], T]) -> T:
         try:
@@ -183,7 +232,11 @@ class Lockstep:
 
     # --- operations -------------------------------------------------------------------
 
-    def add(self, request_id: str, prompt: Sequence[int], params: SamplingParams) -> None:
+    def add(
+        self, request_id: str, prompt: Sequence[int], params: SamplingParams
+    ) -> InvalidRequestError | None:
+        """Add on both sides; the refusal both made (``None``: both accepted)."""
+        self.last_observed = None
         engine_error: InvalidRequestError | None = None
         try:
             self._guard(
@@ -193,11 +246,14 @@ class Lockstep:
         except InvalidRequestError as e:
             engine_error = e
         # R4's engine-only checks: the spec neither knows the vocabulary nor samples.
-        if isinstance(engine_error, TokenOutOfVocabError | InvalidSamplingParamsError):
+        engine_only = TokenOutOfVocabError | InvalidSamplingParamsError
+        if self.vocab_size is None and isinstance(engine_error, engine_only):
             self.rejected += 1
-            return
+            return engine_error
         spec_error: InvalidRequestError | None = None
         try:
+            if self.vocab_size is not None:
+                check_vocab(request_id, prompt, params, self.vocab_size)
             self.state = spec.add_request(self.state, request_id, tuple(prompt), params)
         except InvalidRequestError as e:
             spec_error = e
@@ -207,24 +263,62 @@ class Lockstep:
             )
         if engine_error is not None:
             self.rejected += 1
+        return engine_error
 
-    def abort(self, request_id: str) -> None:
-        """Abort a live request (by the spec's account) on both sides."""
-        self.state, _ = spec.abort_request(self.state, request_id)
-        self._guard(f"abort_request({request_id!r})", lambda: self.peer.abort_request(request_id))
+    def abort(self, request_id: str) -> FinishedRequest:
+        """Abort on both sides: the spec's account of the aborted request.
+
+        An id the spec does not know (never added, finished, aborted) must be refused by
+        both (``UnknownRequestError`` is re-raised then).
+        """
+        self.last_observed = None
+        what = f"abort_request({request_id!r})"
+        spec_finished: FinishedRequest | None = None
+        spec_error: UnknownRequestError | None = None
+        try:
+            self.state, spec_finished = spec.abort_request(self.state, request_id)
+        except UnknownRequestError as e:
+            spec_error = e
+        engine_error: UnknownRequestError | None = None
+        engine_finished: FinishedRequest | None = None
+        try:
+            engine_finished = self._guard(what, lambda: self.peer.abort_request(request_id))
+        except UnknownRequestError as e:
+            engine_error = e
+        if (spec_error is None) is not (engine_error is None):
+            raise self._diverge(what, _refusal(spec_error), _refusal(engine_error))
+        if spec_error is not None:
+            raise spec_error
+        assert spec_finished is not None
+        if engine_finished is not None:
+            self._compare(
+                _mask_finished(spec_finished, self.hidden),
+                _mask_finished(engine_finished, self.hidden),
+                what,
+            )
+        return spec_finished
 
     def unfinished(self) -> bool:
         return self.peer.has_unfinished_requests() or spec.has_unfinished_requests(self.state)
 
     def step(self) -> StepPlan:
+        """One step on both sides, compared; the spec's plan."""
+        return self.advance().plan
+
+    def advance(self) -> Advance:
+        """``step``, with what a driver's own checks read (``Advance``)."""
+        self.last_observed = None
         engine_plan = self._guard("step()", lambda: self.peer.step(self.next_token))
         # The decisions first, before any token is involved.
-        state_mid, decided = spec.schedule(self.state)
+        before = self.state
+        state_mid, decided = spec.schedule(before)
         self._compare(decided, decisions(engine_plan), "plan")
+        if self.spec_samples:
+            tokens = oracle_tokens(state_mid, decided, self.next_token)
+        else:
+            tokens = sampled_tokens(engine_plan)
         try:
-            new_state, spec_plan = spec.complete_step(
-                state_mid, decided, sampled_tokens(engine_plan)
-            )
+            new_state, spec_plan = spec.complete_step(state_mid, decided, tokens)
         except SampledTokensError as e:
             raise self._diverge("plan.sampled", f"refused: {e}", engine_plan.sampled) from None
         self.state = new_state
@@ -236,7 +330,7 @@ class Lockstep:
         self.preemptions += len(spec_plan.preempted)
         self.spec_finished.extend(spec_plan.finished)
         self.engine_finished.extend(engine_plan.finished)
-        return spec_plan
+        return Advance(before, state_mid, decided, spec_plan, engine_plan)
 
     def finish(self) -> None:
         """Compare every finished request's outputs, in finishing order."""
@@ -325,10 +419,12 @@ def describe(divergence: Divergence) -> str:
 
 
 __all__ = [
+    "Advance",
     "Diverged",
     "Divergence",
     "Lockstep",
     "LockstepReport",
+    "check_vocab",
     "describe",
     "describe_states",
     "mask_plan",

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from impl.engine import LLMEngine
 from impl.scheduler import Scheduler
 from impl.scheduler_output import SchedulerOutput
 from kvsched.peers.protocol import Observation
 from spec.scheduler import TokenOracle
-from spec.types import SamplingParams, SchedulerConfig, StepPlan
+from spec.types import FinishedRequest, SamplingParams, SchedulerConfig, StepPlan
 
 
 def _blocks(scheduler: Scheduler) -> dict[str, int]:
@@ -17,23 +17,34 @@ def _blocks(scheduler: Scheduler) -> dict[str, int]:
 
 
 class SchedulerAdapter:
-    """``impl.Scheduler`` without a model: the driver's oracle samples."""
+    """``impl.Scheduler`` without a model: the driver's oracle samples, or ``forward``
+    (a stand-in for the model, reading the KV through the block tables) does."""
 
     name = "kvsched"
     semantics = "kvsched"
 
-    def __init__(self, config: SchedulerConfig, *, vocab_size: int | None = None) -> None:
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        *,
+        vocab_size: int | None = None,
+        forward: Callable[[SchedulerOutput], Sequence[int]] | None = None,
+    ) -> None:
         self.scheduler = Scheduler(config, vocab_size=vocab_size)
+        self.forward = forward
 
     def add_request(
         self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams
     ) -> None:
         self.scheduler.add_request(request_id, prompt_token_ids, params)
 
-    def abort_request(self, request_id: str) -> None:
-        self.scheduler.abort_request(request_id)
+    def abort_request(self, request_id: str) -> FinishedRequest:
+        return self.scheduler.abort_request(request_id)
 
     def step(self, next_token: TokenOracle) -> StepPlan:
+        if self.forward is not None:
+            return self.scheduler.step(self.forward)
+
         def sample(out: SchedulerOutput) -> list[int]:
             return [next_token(tuple(seq.token_ids)) for seq in out.samples()]
 
@@ -60,8 +71,8 @@ class EngineAdapter:
     ) -> None:
         self.engine.add_request(request_id, prompt_token_ids, params)
 
-    def abort_request(self, request_id: str) -> None:
-        self.engine.abort_request(request_id)
+    def abort_request(self, request_id: str) -> FinishedRequest:
+        return self.engine.abort_request(request_id)
 
     def step(self, next_token: TokenOracle) -> StepPlan:
         return self.engine.step()

@@ -5,22 +5,13 @@ Nothing here asserts a timing: the figures are for people (docs/benchmarks.md).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator
 
 import pytest
 import torch
 
-from bench import (
-    kv_utilization,
-    preemption_cost,
-    prefix_caching,
-    profile_step,
-    scheduler_overhead,
-    seed_workload,
-    throughput,
-)
-
-Main = Callable[[Sequence[str] | None], int]
+from bench import throughput
+from bench.run_all import SCRIPTS, Main
 
 
 @pytest.fixture(autouse=True)
@@ -31,14 +22,23 @@ def _keep_torch_threads() -> Iterator[None]:
     torch.set_num_threads(threads)
 
 
+#: What each script's quick run prints (``throughput`` has its own test below, since it
+#: needs transformers).
+EXPECTED = {
+    "scheduler_overhead": "nano-vllm us",
+    "seed_workload": "seed tutorial",
+    "kv_utilization": "block util",
+    "preemption_cost": "recompute",
+    "profile_step": "Scheduler.step",
+    "prefix_caching": "outputs equal",
+}
 QUICK: list[tuple[Main, str]] = [
-    (scheduler_overhead.main, "nano-vllm us"),
-    (seed_workload.main, "seed tutorial"),
-    (kv_utilization.main, "block util"),
-    (preemption_cost.main, "recompute"),
-    (profile_step.main, "Scheduler.step"),
-    (prefix_caching.main, "outputs equal"),
+    (main, EXPECTED[name]) for name, main, _, _ in SCRIPTS if name in EXPECTED
 ]
+
+
+def test_every_script_of_run_all_is_smoke_tested() -> None:
+    assert {name for name, *_ in SCRIPTS} == {*EXPECTED, "throughput"}
 
 
 @pytest.mark.parametrize(("main", "expected"), QUICK, ids=lambda v: getattr(v, "__module__", v))

@@ -282,19 +282,7 @@ def check_command(names: Iterable[str], budget: float) -> list[str]:
 
 
 def crosshair_check(targets: Iterable[Target], budget: float, timeout: float) -> Run:
-    command = [
-        sys.executable,
-        "-m",
-        "tests.crosshair.driver",
-        "check",
-        *(t.name for t in targets),
-        "--extra_plugin",
-        PLUGIN,
-        "--report_all",
-        f"--per_condition_timeout={budget}",
-        *path_timeout_args(budget),
-    ]
-    return run(command, timeout)
+    return run(check_command((t.name for t in targets), budget), timeout)
 
 
 def check_stage(args: argparse.Namespace) -> int:

@@ -59,13 +59,18 @@ def test_scheduler_does_not_import_torch() -> None:
     assert result.stdout.strip() == "ok"
 
 
-def test_lifo_recompute_chunked_scenario() -> None:
+def abc_scheduler() -> Scheduler:
     """bs 2, 6 GPU blocks, budget 8; A: 3-token prompt, 4 outputs; B: 4, 4; C: 2, 2."""
-    config = SchedulerConfig(num_gpu_blocks=6, block_size=2, max_num_batched_tokens=8)
-    s = Scheduler(config)
+    s = Scheduler(SchedulerConfig(num_gpu_blocks=6, block_size=2, max_num_batched_tokens=8))
     s.add_request("A", [1, 2, 3], params(4))
     s.add_request("B", [4, 5, 6, 7], params(4))
     s.add_request("C", [8, 9], params(2))
+    return s
+
+
+def test_lifo_recompute_chunked_scenario() -> None:
+    """``abc_scheduler``'s three requests, step by step."""
+    s = abc_scheduler()
     sample = constant_sampler(9)
     plans = []
     while s.has_unfinished_requests():
@@ -123,11 +128,7 @@ def test_lifo_recompute_chunked_scenario() -> None:
 
 
 def test_recomputed_tokens_are_counted_in_the_output() -> None:
-    config = SchedulerConfig(num_gpu_blocks=6, block_size=2, max_num_batched_tokens=8)
-    s = Scheduler(config)
-    s.add_request("A", [1, 2, 3], params(4))
-    s.add_request("B", [4, 5, 6, 7], params(4))
-    s.add_request("C", [8, 9], params(2))
+    s = abc_scheduler()
     recomputed = []
     while s.has_unfinished_requests():
         out = s.schedule()

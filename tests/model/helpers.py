@@ -1,85 +1,15 @@
-"""Shared helpers for model tests: tiny HF checkpoints and a simple paged greedy driver."""
+"""Shared helpers for model tests: HF greedy runs and a simple paged greedy driver (the
+tiny HF checkpoints are bench/_hf.py's)."""
 
 from __future__ import annotations
 
-import importlib
 import warnings
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from model import ForwardBatch, LlamaForCausalLM, PagedKVCache, Span
-
-TINY_HF_SHAPE: dict[str, int] = {
-    "vocab_size": 256,
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-}
-
-
-def build_tiny_hf_llama(
-    *,
-    seed: int,
-    tie_word_embeddings: bool = False,
-    initializer_range: float = 0.1,
-    **overrides: Any,
-) -> Any:
-    """A random `transformers.LlamaForCausalLM` (eval mode, float32) fixed by `seed`.
-
-    The global torch RNG is forked, so callers' random state is untouched. BOS/EOS are
-    unset so `generate` never stops early on a random "end" token. `overrides` replace
-    entries of TINY_HF_SHAPE or add other LlamaConfig keys.
-    """
-    # Imported lazily: transformers is a slow, dev-only import most users of this module skip.
-    transformers: Any = importlib.import_module("transformers")
-    transformers.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
-    config = transformers.LlamaConfig(
-        **(TINY_HF_SHAPE | overrides),
-        tie_word_embeddings=tie_word_embeddings,
-        initializer_range=initializer_range,
-        bos_token_id=None,
-        eos_token_id=None,
-        pad_token_id=None,
-    )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        hf_model = transformers.LlamaForCausalLM(config)
-    return hf_model.eval()
-
-
-def save_tiny_hf_llama(
-    path: str | Path,
-    *,
-    seed: int,
-    tie_word_embeddings: bool = False,
-    max_shard_size: str | None = None,
-    initializer_range: float = 0.1,
-    **overrides: Any,
-) -> Any:
-    """Build a tiny random HF Llama (see build_tiny_hf_llama), save it as safetensors in
-    `path`, and return the in-memory HF model for reference runs.
-
-    `max_shard_size` (e.g. "20KB") forces a sharded checkpoint with an index file.
-    """
-    hf_model = build_tiny_hf_llama(
-        seed=seed,
-        tie_word_embeddings=tie_word_embeddings,
-        initializer_range=initializer_range,
-        **overrides,
-    )
-    kwargs: dict[str, Any] = {"safe_serialization": True}
-    if max_shard_size is not None:
-        kwargs["max_shard_size"] = max_shard_size
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        hf_model.save_pretrained(str(path), **kwargs)
-    return hf_model
 
 
 def hf_greedy(hf_model: Any, prompt: Sequence[int], max_new_tokens: int) -> list[int]:

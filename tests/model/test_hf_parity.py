@@ -8,8 +8,9 @@ from typing import Any
 import pytest
 import torch
 
+from bench._hf import save_tiny_hf_llama
 from model import load_hf_checkpoint
-from tests.model.helpers import greedy_generate, hf_greedy, save_tiny_hf_llama
+from tests.model.helpers import greedy_generate, hf_greedy
 
 PROMPTS = ([5, 17, 99, 3], list(range(30, 60)), [7])
 

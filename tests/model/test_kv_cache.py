@@ -143,6 +143,21 @@ def test_snapshot_is_a_copy(model: LlamaForCausalLM) -> None:
     assert key.any() and value.any()
 
 
+def cpu_cache(
+    *, num_layers: int, num_blocks: int, dtype: torch.dtype = torch.float64
+) -> PagedKVCache:
+    """A cache on the CPU with the tiny model's KV heads and head size (2 x 16)."""
+    return PagedKVCache(
+        num_layers=num_layers,
+        num_blocks=num_blocks,
+        block_size=BLOCK,
+        num_kv_heads=2,
+        head_dim=16,
+        dtype=dtype,
+        device=torch.device("cpu"),
+    )
+
+
 def test_cache_argument_errors(model: LlamaForCausalLM) -> None:
     cache = model.new_kv_cache(num_blocks=4, block_size=BLOCK)
     with pytest.raises(IndexError):
@@ -151,27 +166,11 @@ def test_cache_argument_errors(model: LlamaForCausalLM) -> None:
         cache.restore([1, 1], cache.snapshot([0, 1]))
     with pytest.raises(ValueError, match="destination"):
         cache.copy_blocks_to(cache, [0, 1], [2])
-    other = PagedKVCache(
-        num_layers=1,
-        num_blocks=4,
-        block_size=BLOCK,
-        num_kv_heads=2,
-        head_dim=16,
-        dtype=torch.float64,
-        device=torch.device("cpu"),
-    )
+    other = cpu_cache(num_layers=1, num_blocks=4)
     with pytest.raises(ValueError, match="layout"):
         cache.copy_blocks_to(other, [0], [0])
     with pytest.raises(ValueError):
-        PagedKVCache(
-            num_layers=1,
-            num_blocks=0,
-            block_size=BLOCK,
-            num_kv_heads=2,
-            head_dim=16,
-            dtype=torch.float64,
-            device=torch.device("cpu"),
-        )
+        cpu_cache(num_layers=1, num_blocks=0)
 
 
 def test_forward_validation(model: LlamaForCausalLM) -> None:
@@ -188,14 +187,6 @@ def test_forward_validation(model: LlamaForCausalLM) -> None:
         model(ForwardBatch((Span((), 0, (0,)),)), cache)
     with pytest.raises(ValueError, match="same KV cache slot"):
         model(ForwardBatch((Span((1, 2), 0, (1,)), Span((3,), 1, (1,)))), cache)
-    wrong_dtype = PagedKVCache(
-        num_layers=2,
-        num_blocks=4,
-        block_size=BLOCK,
-        num_kv_heads=2,
-        head_dim=16,
-        dtype=torch.float32,
-        device=torch.device("cpu"),
-    )
+    wrong_dtype = cpu_cache(num_layers=2, num_blocks=4, dtype=torch.float32)
     with pytest.raises(ValueError, match="does not match"):
         model(ForwardBatch((Span((1,), 0, (0,)),)), wrong_dtype)

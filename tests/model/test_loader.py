@@ -10,6 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from bench._hf import save_tiny_hf_llama
 from model import (
     CheckpointError,
     ForwardBatch,
@@ -22,7 +23,6 @@ from model import (
 )
 from model.errors import CheckpointNotFoundError
 from model.hf_config import config_from_hf
-from tests.model.helpers import save_tiny_hf_llama
 
 
 @pytest.fixture(scope="module")

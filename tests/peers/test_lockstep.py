@@ -18,12 +18,16 @@ from spec.oracle import HashOracle
 from spec.scheduler import TokenOracle
 from spec.types import (
     ConfigError,
+    FinishedRequest,
+    FinishReason,
     Preemption,
     PreemptionMode,
     SamplingParams,
     SchedulerConfig,
+    SchedulerState,
     Semantics,
     StepPlan,
+    UnknownRequestError,
 )
 from tests.cli.helpers import Invoke, WriteWorkload
 
@@ -231,3 +235,98 @@ def test_conform_shows_both_states_on_request(
     assert out[1].startswith("  spec state:    SchedulerState(")
     assert out[2].startswith("  engine state:  SchedulerState(")
     assert out[3].startswith("  engine blocks: {")
+
+
+# --- the hooks a driver with checks of its own uses (the stateful suite) -------------------
+
+
+class _SamplesWrong(SchedulerAdapter):
+    """Samples one more than the oracle: what a lost output or a wrong K/V read looks like."""
+
+    def step(self, next_token: TokenOracle) -> StepPlan:
+        return super().step(lambda tokens: (next_token(tokens) + 1) % 8)
+
+
+def test_spec_samples_with_the_oracle_on_its_own_view() -> None:
+    """``spec_samples``: a wrong token diverges at once; without it the spec takes the
+    engine's tokens and the run agrees."""
+    config = SchedulerConfig(num_gpu_blocks=8, block_size=2)
+    params = SamplingParams(max_tokens=2, ignore_eos=True)
+    trusting = Lockstep(_SamplesWrong(config), config, ORACLE)
+    trusting.add("r0", (1, 2, 3), params)
+    trusting.step()
+    lock = Lockstep(_SamplesWrong(config), config, ORACLE, spec_samples=True)
+    lock.add("r0", (1, 2, 3), params)
+    with pytest.raises(Diverged) as e:
+        lock.step()
+    assert e.value.divergence.field == "plan.sampled[0].token_id"
+
+
+def test_vocab_size_compares_the_engines_vocabulary_check() -> None:
+    """With ``vocab_size`` the spec side makes R4.3's check: an engine whose vocabulary
+    differs diverges; without it a refusal for a token is the engine's alone."""
+    config = SchedulerConfig(num_gpu_blocks=8, block_size=2)
+    params = SamplingParams(max_tokens=2)
+    lock = Lockstep(SchedulerAdapter(config, vocab_size=8), config, ORACLE, vocab_size=8)
+    assert type(lock.add("r0", (1, 9), params)).__name__ == "TokenOutOfVocabError"
+    assert type(lock.add("r1", (), params)).__name__ == "EmptyPromptError"  # R4's order
+    assert lock.add("r2", (1, 7), params) is None
+    narrow = Lockstep(SchedulerAdapter(config, vocab_size=4), config, ORACLE, vocab_size=8)
+    with pytest.raises(Diverged) as e:
+        narrow.add("r0", (1, 7), params)
+    assert e.value.divergence.field == "add_request('r0')"
+    trusting = Lockstep(SchedulerAdapter(config, vocab_size=4), config, ORACLE)
+    assert trusting.add("r0", (1, 7), params) is not None and trusting.rejected == 1
+
+
+class _AbortsLoosely(SchedulerAdapter):
+    """Accepts an abort of an id it does not know, and reports an aborted request's
+    outputs wrongly."""
+
+    def abort_request(self, request_id: str) -> FinishedRequest:
+        if request_id not in self.scheduler.requests:
+            return FinishedRequest(
+                request_id=request_id,
+                output_token_ids=(),
+                finish_reason=FinishReason.ABORTED,
+                num_preemptions=0,
+            )
+        return replace(super().abort_request(request_id), output_token_ids=(0,))
+
+
+def test_aborts_compare_refusals_and_the_aborted_request() -> None:
+    config = SchedulerConfig(num_gpu_blocks=8, block_size=2)
+    params = SamplingParams(max_tokens=4, ignore_eos=True)
+    lock = Lockstep(SchedulerAdapter(config), config, ORACLE)
+    lock.add("r0", (1, 2), params)
+    lock.step()
+    assert lock.abort("r0").output_token_ids == (ORACLE((1, 2)),)
+    with pytest.raises(UnknownRequestError):
+        lock.abort("r0")  # both refuse it now
+    loose = Lockstep(_AbortsLoosely(config), config, ORACLE)
+    with pytest.raises(Diverged) as e:
+        loose.abort("ghost")
+    assert e.value.divergence.engine_value == "accepted"
+    loose.add("r0", (1, 2), params)
+    loose.step()
+    with pytest.raises(Diverged) as e:
+        loose.abort("r0")
+    assert e.value.divergence.field == "abort_request('r0').output_token_ids[0]"
+
+
+def _last_observed(lock: Lockstep) -> SchedulerState | None:
+    return None if lock.last_observed is None else lock.last_observed.state
+
+
+def test_advance_gives_the_steps_states_and_last_observed_tracks_changes() -> None:
+    config = SchedulerConfig(num_gpu_blocks=8, block_size=2)
+    lock = Lockstep(SchedulerAdapter(config), config, ORACLE)
+    assert _last_observed(lock) == lock.state
+    lock.add("r0", (1, 2, 3), SamplingParams(max_tokens=2))
+    assert _last_observed(lock) is None  # the add changed the engine since the comparison
+    before = lock.state
+    advance = lock.advance()
+    assert advance.before is before
+    assert (advance.mid, advance.decided) == spec.schedule(before)
+    assert advance.plan == advance.engine_plan and advance.plan.step == 0
+    assert _last_observed(lock) == lock.state

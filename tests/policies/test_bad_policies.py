@@ -18,17 +18,17 @@ from types import MappingProxyType
 
 import pytest
 from hypothesis import HealthCheck, Phase, settings
-from hypothesis.stateful import MultipleResults, initialize, run_state_machine_as_test
+from hypothesis.stateful import run_state_machine_as_test
 
 import impl.policies
 import spec
 import spec.policies
 from spec.types import PreemptionMode, SchedulerConfig, Semantics
 from tests.policies.bad import BAD_POLICIES
-from tests.stateful.base import REQUESTS, checked
 from tests.stateful.failures import InvariantViolation
 from tests.stateful.invariants import INVARIANT_NAMES
-from tests.stateful.strategies import INITIAL_REQUESTS, NewRequest, engine_configs
+from tests.stateful.rules import init_rule
+from tests.stateful.strategies import engine_configs
 from tests.stateful.test_scheduler_differential import SchedulerDifferential
 
 #: The suite's drain and progress checks (tests/stateful/machine.py, step.py).
@@ -59,16 +59,9 @@ def machine_for(name: str, mode: PreemptionMode | None) -> type[SchedulerDiffere
     class BadPolicyMachine(SchedulerDifferential):
         NAME = f"BadPolicy[{name}]"
 
-        @initialize(
-            target=REQUESTS,
-            config=engine_configs(semantics_choices=(Semantics.KVSCHED,)).map(with_bad_policy),
-            initial=INITIAL_REQUESTS,
+        init_engine = init_rule(
+            engine_configs(semantics_choices=(Semantics.KVSCHED,)).map(with_bad_policy)
         )
-        @checked
-        def init_engine(
-            self, config: SchedulerConfig, initial: list[NewRequest]
-        ) -> MultipleResults[str]:
-            return self.start_engine(config, initial)
 
     return BadPolicyMachine
 

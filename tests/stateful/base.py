@@ -1,18 +1,22 @@
 """The state both differential machines share, and one differential step.
 
-Design card. The reference model (``SpecModel``) and the real thing
-(``impl.Scheduler`` driven by a toy model, or the whole ``impl.LLMEngine``) receive the
-same operations (tests/stateful/rules.py). After every rule, small named invariants
-compare them (tests/stateful/invariants.py); every step's plan is compared in full
-and checked by ``spec.plan_violations`` (``do_step`` here); the teardown drains with a
-derived bound and compares every output with a solo run (tests/stateful/machine.py).
+Design card. The spec and the real thing (``impl.Scheduler`` driven by a toy model, or
+the whole ``impl.LLMEngine``) receive the same operations (tests/stateful/rules.py)
+through ``kvsched.peers.lockstep.Lockstep``, the project's one lockstep comparison
+(``kvsched conform`` and the peer machines use it too): refusals, aborts, each step's
+decisions and whole plan, and the states after every step and every rule
+(tests/stateful/invariants.py), each divergence reported as the named invariant it
+breaks (``compared``). Every step is also checked by ``spec.plan_violations``
+(tests/stateful/step.py); the teardown drains with a derived bound and compares every
+output with a solo run (tests/stateful/machine.py).
 """
 
 from __future__ import annotations
 
 import functools
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import ClassVar, Concatenate, ParamSpec, TypeVar
 
@@ -20,6 +24,7 @@ from hypothesis import currently_in_test_context, event, target
 from hypothesis.stateful import Bundle, RuleBasedStateMachine
 
 from impl.scheduler import Scheduler
+from kvsched.peers.lockstep import Diverged, Lockstep
 from spec.profiles import too_large
 from spec.types import (
     FinishedRequest,
@@ -30,9 +35,7 @@ from spec.types import (
     StepPlan,
 )
 from tests.stateful.coverage import RunRecord
-from tests.stateful.diffs import state_diff
-from tests.stateful.failures import InvariantViolation, require
-from tests.stateful.reference import SpecModel
+from tests.stateful.failures import InjectedFault, InvariantViolation, require
 from tests.stateful.strategies import NewRequest, fit_sizes
 
 #: The ids of the requests added so far (live or finished), for the rules that use one.
@@ -79,6 +82,20 @@ class RecordedMachine(RuleBasedStateMachine):
             event(label)
 
 
+#: The invariant a divergence breaks, by the operation its field starts with.
+DIVERGENCE_INVARIANTS: tuple[tuple[str, str], ...] = (
+    ("plan", "plan_matches_spec"),
+    ("state", "observe_matches_spec"),
+    ("blocks", "observe_matches_spec"),
+    ("add_request", "same_rejection"),
+    ("abort_request", "same_abort"),
+)
+
+
+def divergence_invariant(field: str) -> str:
+    return next((name for op, name in DIVERGENCE_INVARIANTS if field.startswith(op)), "lockstep")
+
+
 @dataclass(frozen=True)
 class Accepted:
     request_id: str
@@ -89,8 +106,8 @@ class Accepted:
 class MachineBase(RecordedMachine):
     """The state and the operations that rules, invariants and teardown share.
 
-    A subclass provides the real side (``new_real``, ``real_*``), the tokens the spec
-    is given (``spec_tokens``), solo reference outputs (``solo``) and its faults.
+    A subclass provides the real side in lockstep with the spec (``new_lockstep``,
+    ``real_scheduler``), solo reference outputs (``solo``) and its faults.
     """
 
     NAME: ClassVar[str] = "DifferentialMachine"
@@ -98,7 +115,7 @@ class MachineBase(RecordedMachine):
     requests: Bundle[str] = REQUESTS
 
     config: SchedulerConfig
-    spec: SpecModel
+    lock: Lockstep
 
     def __init__(self) -> None:
         super().__init__()
@@ -113,27 +130,13 @@ class MachineBase(RecordedMachine):
 
     # --- hooks for the real side -------------------------------------------------------
 
-    def new_real(self, config: SchedulerConfig) -> None:
+    def new_lockstep(self, config: SchedulerConfig) -> Lockstep:
+        """A fresh real side for ``config``, in lockstep with the spec (the machine's
+        vocabulary given, so R4.3's refusals are compared too). Its ``step`` raises
+        ``InjectedFault`` if an armed fault fired (and the step rolled back)."""
         raise NotImplementedError
 
     def real_scheduler(self) -> Scheduler:
-        raise NotImplementedError
-
-    def real_add(self, request_id: str, prompt: Sequence[int], params: SamplingParams) -> None:
-        self.real_scheduler().add_request(request_id, prompt, params)
-
-    def real_abort(self, request_id: str) -> FinishedRequest:
-        return self.real_scheduler().abort_request(request_id)
-
-    def real_observe(self) -> SchedulerState:
-        return self.real_scheduler().observe()
-
-    def real_step(self) -> StepPlan:
-        """One real step; ``InjectedFault`` if an armed fault fired (and it rolled back)."""
-        raise NotImplementedError
-
-    def spec_tokens(self, mid: SchedulerState, draft: StepPlan, real: StepPlan) -> dict[str, int]:
-        """The sampled tokens the spec's phase D is given."""
         raise NotImplementedError
 
     def solo(self, prompt: tuple[int, ...], params: SamplingParams) -> tuple[int, ...]:
@@ -153,6 +156,24 @@ class MachineBase(RecordedMachine):
         return {}
 
     # --- helpers -------------------------------------------------------------------------
+
+    @contextmanager
+    def compared(
+        self, what: str, invariant: str | None = None, context: str = ""
+    ) -> Iterator[None]:
+        """Lockstep operations: a divergence fails the invariant its field names (or
+        ``invariant``), with ``context`` before it; anything else raised (but an injected
+        fault) fails ``no_crash`` as ``{what} raised ...``."""
+        try:
+            yield
+        except Diverged as e:
+            d = e.divergence
+            name = invariant or divergence_invariant(d.field)
+            raise InvariantViolation(name, f"{context}{d}") from None
+        except (InvariantViolation, InjectedFault):
+            raise
+        except Exception as error:
+            raise InvariantViolation("no_crash", f"{what} raised {error!r}") from error
 
     def target(self, value: float, label: str) -> None:
         if currently_in_test_context():
@@ -191,41 +212,24 @@ class MachineBase(RecordedMachine):
         expected: type[InvalidRequestError] | None = None,
     ) -> bool:
         """Add on both sides; both must accept, or both raise the same typed error."""
-        before = self.spec.state
-        spec_error: InvalidRequestError | None = None
-        real_error: InvalidRequestError | None = None
-        try:
-            self.spec.add_request(request_id, prompt, params)
-        except InvalidRequestError as error:
-            spec_error = error
-        try:
-            self.real_add(request_id, prompt, params)
-        except InvalidRequestError as error:
-            real_error = error
-        except Exception as error:
-            raise InvariantViolation("no_crash", f"add_request raised {error!r}") from error
-        require(
-            type(spec_error) is type(real_error),
-            "same_rejection",
-            lambda: (
-                f"add_request({request_id!r}, P={len(prompt)}, {params}): spec raised "
-                f"{spec_error!r}, real raised {real_error!r}"
-            ),
-        )
+        before = self.lock.state
+        with self.compared("add_request", context=f"P={len(prompt)}, {params}: "):
+            refused = self.lock.add(request_id, prompt, params)
         if expected is not None:
             require(
-                type(spec_error) is expected,
+                type(refused) is expected,
                 "rejection_order",
-                lambda: f"expected {expected.__name__} (R4's order), got {spec_error!r}",
+                lambda: f"expected {expected.__name__} (R4's order), got {refused!r}",
             )
-        if spec_error is not None:
-            observed = self.real_observe()
+        if refused is not None:
             require(
-                self.spec.state is before and observed == before,
+                self.lock.state is before,
                 "rejection_changes_nothing",
-                lambda: state_diff(observed, before),
+                "the spec's state changed",
             )
-            self.note(f"reject: {type(spec_error).__name__}")
+            with self.compared("observe", "rejection_changes_nothing"):
+                self.lock.compare_states()
+            self.note(f"reject: {type(refused).__name__}")
             return False
         self.accepted[before.next_arrival] = Accepted(request_id, tuple(prompt), params)
         if params.eos_token_id is not None:

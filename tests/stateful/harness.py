@@ -1,8 +1,8 @@
 """Running a differential machine as a test: its run record, coverage and report.
 
 The machines are tests/stateful/machine.py (``DifferentialMachine``), built from its
-strategies, reference model, rules and invariants (one module each here), and the
-peer machines of tests/peers/machine.py.
+strategies, rules and invariants (one module each here) over the lockstep comparison
+(kvsched/peers/lockstep.py), and the peer machines of tests/peers/machine.py.
 """
 
 from __future__ import annotations

@@ -8,7 +8,6 @@ import impl
 import spec
 from impl.block_manager import cdiv
 from tests.stateful.base import MachineBase, checked
-from tests.stateful.diffs import state_diff
 from tests.stateful.failures import InvariantViolation, fail, require
 
 
@@ -17,18 +16,14 @@ class Invariants(MachineBase):
     @checked
     def observe_matches_spec(self) -> None:
         if self.ready:
-            observed = self.real_observe()
-            require(
-                observed == self.spec.state,
-                "observe_matches_spec",
-                lambda: state_diff(observed, self.spec.state),
-            )
+            with self.compared("observe", "observe_matches_spec"):
+                self.lock.compare_states()
 
     @invariant()
     @checked
     def spec_state_valid(self) -> None:
         if self.ready:
-            violations = spec.state_violations(self.spec.state)
+            violations = spec.state_violations(self.lock.state)
             require(not violations, "spec_state_valid", "; ".join(violations))
 
     @invariant()

@@ -65,8 +65,8 @@ def progress_key(state: SchedulerState) -> ProgressKey:
 class DifferentialMachine(Rules, Invariants):
     """Rules, invariants and teardown shared by both machines (tests/stateful/base.py).
 
-    A subclass provides the real side (``new_real``, ``real_*``), the tokens the spec
-    is given (``spec_tokens``), solo reference outputs (``solo``) and its faults.
+    A subclass provides the real side in lockstep with the spec (``new_lockstep``,
+    ``real_scheduler``), solo reference outputs (``solo``) and its faults.
     """
 
     # --- teardown: bounded drain, completion, solo outputs -------------------------------------
@@ -74,16 +74,16 @@ class DifferentialMachine(Rules, Invariants):
     def teardown(self) -> None:
         if not self.ready or not self.settled:
             return  # a rule failed: report that, not a drain of a diverged state
-        start = self.spec.state
+        start = self.lock.state
         bound = drain_bound(start)
         lifo_bound = spec.drain_step_bound(start)
         seen: set[ProgressKey] = set()
         steps = 0
-        while spec.has_unfinished_requests(self.spec.state):
+        while spec.has_unfinished_requests(self.lock.state):
             if steps >= bound:
                 fail(
                     "drain_bound",
-                    f"{spec.num_unfinished_requests(self.spec.state)} requests still live "
+                    f"{spec.num_unfinished_requests(self.lock.state)} requests still live "
                     f"after {steps} drain steps (bound {bound}, policy {self.config.policy})",
                 )
             if self.do_step() is None:
@@ -92,7 +92,7 @@ class DifferentialMachine(Rules, Invariants):
             self.record.stats.drain_steps += 1
             # The state modulo its counters, and the token function, determine every
             # later step: a repeat is a livelock, whatever the bound says.
-            key = progress_key(self.spec.state)
+            key = progress_key(self.lock.state)
             if key in seen:
                 fail("no_livelock", f"state repeats after {steps} drain steps")
             seen.add(key)

@@ -1,7 +1,7 @@
 """Prefix caching in the differential machines: shared-prefix workloads and their events.
 
 ``PrefixRules`` is mixed into a machine (``PrefixSchedulerDifferential``,
-``PrefixEngineDifferential``) whose configs turn prefix caching on. Its rules send
+``PrefixEngineDifferential``) and draws its configs with prefix caching on. Its rules send
 prompts that share tokens: the example's one system prompt under different
 suffixes, the system prompt cut at exactly ``k`` blocks, and earlier prompts sent
 again (after they finished, after their blocks were reclaimed, after a preemption:
@@ -24,7 +24,8 @@ from tests.stateful.base import REQUESTS, checked
 from tests.stateful.coverage import REQUIRED_EVENTS
 from tests.stateful.machine import DifferentialMachine
 from tests.stateful.nano_cache import NANO_CACHE_EVENTS, nano_cache_events
-from tests.stateful.strategies import NEW_REQUESTS, NewRequest
+from tests.stateful.rules import init_rule
+from tests.stateful.strategies import NEW_REQUESTS, NewRequest, engine_configs
 
 SYSTEM_PROMPT_LEN: Final = 64
 
@@ -74,6 +75,8 @@ class PrefixRules(DifferentialMachine):
     system_prompt: tuple[int, ...] = ()
     victim_blocks: dict[int, frozenset[int]]  # arrival -> blocks it gave up when preempted
     sent: list[tuple[tuple[int, ...], NewRequest]]
+
+    init_engine = init_rule(engine_configs(prefix_caching=True))
 
     def start_engine(
         self, config: SchedulerConfig, initial: list[NewRequest]
@@ -169,7 +172,7 @@ class PrefixRules(DifferentialMachine):
                 self.note("prefix: resent prompt hit")
         if set(cache_before.cached) - set(cache_mid.cached):
             self.note("prefix: cached block reclaimed")
-        after = self.spec.state
+        after = self.lock.state
         for label in nano_cache_events(before, mid, plan, after):
             self.note(label)
         held = [block for r in after.running for block in r.block_ids]

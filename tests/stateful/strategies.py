@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 from typing import Final
 
@@ -19,6 +20,20 @@ SEMANTICS: Final = (Semantics.KVSCHED, Semantics.VLLM_V1, Semantics.KVSCHED, Sem
 #: With prefix caching: the profiles that model it (vllm-v1 refuses it so far), kvsched
 #: twice as often (it has restart mode and every policy).
 CACHING_SEMANTICS: Final = (Semantics.KVSCHED, Semantics.KVSCHED, Semantics.NANO_VLLM)
+
+
+def printable_config(**fields: object) -> st.SearchStrategy[SchedulerConfig]:
+    """``SchedulerConfig(**fields)``, built through ``st.builds`` of constants (which draw
+    nothing, so the examples are unchanged): a failing run then prints the config as the
+    call that makes it, an enum as ``PreemptionMode('swap')``, a program that can be
+    pasted into a test."""
+    args = {
+        name: st.builds(type(value), st.just(value.value))
+        if isinstance(value, enum.Enum)
+        else st.just(value)
+        for name, value in fields.items()
+    }
+    return st.builds(SchedulerConfig, **args)
 
 
 @st.composite
@@ -61,21 +76,17 @@ def engine_configs(
     max_num_seqs = draw(st.sampled_from((2, 3, 4, 6, 8, 1)))
     enable_chunked_prefill = draw(st.booleans())
     policy = draw(st.sampled_from(POLICY_NAMES))
-    # Built through st.builds of constants (which draw nothing, so the examples are
-    # unchanged): a failing run then prints the config as the call that makes it, the
-    # mode as ``PreemptionMode('swap')``, a program that can be pasted into a test.
     return draw(
-        st.builds(
-            SchedulerConfig,
-            num_gpu_blocks=st.just(num_gpu_blocks),
-            block_size=st.just(block_size),
-            max_num_batched_tokens=st.just(max_num_batched_tokens),
-            max_num_seqs=st.just(max_num_seqs),
-            enable_chunked_prefill=st.just(enable_chunked_prefill),
-            preemption_mode=st.builds(PreemptionMode, st.just(mode.value)),
-            num_cpu_blocks=st.just(num_cpu_blocks),
-            policy=st.just(policy),
-            enable_prefix_caching=st.just(prefix_caching),
+        printable_config(
+            num_gpu_blocks=num_gpu_blocks,
+            block_size=block_size,
+            max_num_batched_tokens=max_num_batched_tokens,
+            max_num_seqs=max_num_seqs,
+            enable_chunked_prefill=enable_chunked_prefill,
+            preemption_mode=mode,
+            num_cpu_blocks=num_cpu_blocks,
+            policy=policy,
+            enable_prefix_caching=prefix_caching,
         )
     )
 
@@ -120,17 +131,16 @@ def profile_configs(
         if draw(st.booleans()):
             max_model_len = draw(st.integers(2, top))
     return draw(
-        st.builds(
-            SchedulerConfig,
-            num_gpu_blocks=st.just(num_gpu_blocks),
-            block_size=st.just(block_size),
-            max_num_batched_tokens=st.just(max_num_batched_tokens),
-            max_num_seqs=st.just(max_num_seqs),
-            enable_chunked_prefill=st.just(chunked),
-            policy=st.just(policy),
-            enable_prefix_caching=st.just(prefix_caching),
-            semantics=st.builds(Semantics, st.just(semantics.value)),
-            max_model_len=st.just(max_model_len),
+        printable_config(
+            num_gpu_blocks=num_gpu_blocks,
+            block_size=block_size,
+            max_num_batched_tokens=max_num_batched_tokens,
+            max_num_seqs=max_num_seqs,
+            enable_chunked_prefill=chunked,
+            policy=policy,
+            enable_prefix_caching=prefix_caching,
+            semantics=semantics,
+            max_model_len=max_model_len,
         )
     )
 

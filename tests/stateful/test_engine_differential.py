@@ -31,9 +31,11 @@ from impl import LLMEngine
 from impl.block_manager import cdiv
 from impl.scheduler import Scheduler
 from impl.scheduler_output import SchedulerOutput
+from kvsched.peers.lockstep import Lockstep
+from kvsched.peers.ours import EngineAdapter
 from model import LlamaForCausalLM, build_tiny_model
+from spec.oracle import HashOracle
 from spec.types import (
-    FinishedRequest,
     PreemptionMode,
     SamplingParams,
     SchedulerConfig,
@@ -106,11 +108,12 @@ def metrics_without_time(engine: LLMEngine) -> dict[str, Any]:
 @settings(deadline=None, suppress_health_check=SUPPRESSED)
 class EngineDifferential(DifferentialMachine):
     NAME = "EngineDifferential"
-    VOCAB = 256  # the tiny model's vocabulary (checked in new_real)
+    VOCAB = 256  # the tiny model's vocabulary (checked in new_lockstep)
 
     engine: LLMEngine
 
-    def new_real(self, config: SchedulerConfig) -> None:
+    def new_lockstep(self, config: SchedulerConfig) -> Lockstep:
+        """The model samples (the oracle goes unused); its tokens are the spec's."""
         engine = LLMEngine(config, model=tiny_model())
         assert engine.model.config.vocab_size == self.VOCAB
         self.engine = engine
@@ -147,6 +150,8 @@ class EngineDifferential(DifferentialMachine):
         runner.execute = faulty_execute  # type: ignore[method-assign]
         cache.swap_out = faulty_swap_out  # type: ignore[method-assign]
         cache.swap_in = faulty_swap_in  # type: ignore[method-assign]
+        oracle = HashOracle(vocab_size=self.VOCAB)
+        return Lockstep(EngineAdapter(engine), config, oracle, vocab_size=self.VOCAB)
 
     def fire(self, kind: str) -> None:
         del self.armed[kind]
@@ -155,21 +160,6 @@ class EngineDifferential(DifferentialMachine):
 
     def real_scheduler(self) -> Scheduler:
         return self.engine.scheduler
-
-    def real_add(self, request_id: str, prompt: Sequence[int], params: SamplingParams) -> None:
-        self.engine.add_request(request_id, prompt, params)
-
-    def real_abort(self, request_id: str) -> FinishedRequest:
-        return self.engine.abort_request(request_id)
-
-    def real_observe(self) -> SchedulerState:
-        return self.engine.observe()
-
-    def real_step(self) -> StepPlan:
-        return self.engine.step()
-
-    def spec_tokens(self, mid: SchedulerState, draft: StepPlan, real: StepPlan) -> dict[str, int]:
-        return {sampled.request_id: sampled.token_id for sampled in real.sampled}
 
     def solo(self, prompt: tuple[int, ...], params: SamplingParams) -> tuple[int, ...]:
         return solo_outputs(prompt, params)

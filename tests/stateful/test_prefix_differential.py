@@ -5,7 +5,7 @@ another request's slots, which must hold the same positions of the same tokens) 
 ``PrefixEngineDifferential`` is ``EngineDifferential`` (the tiny Llama in float64: a
 hit attends over K/V another request wrote, and every output must still equal its
 solo run bit for bit, so a stale key changes a token). Each draws its configs with
-``enable_prefix_caching`` on and adds the rules of ``tests/stateful/prefix.py``; the
+``enable_prefix_caching`` on and has the rules of ``tests/stateful/prefix.py``; the
 coverage they must reach is ``PREFIX_REQUIRED_EVENTS`` (swap never happens with
 caching on).
 """
@@ -13,15 +13,12 @@ caching on).
 from __future__ import annotations
 
 import torch
-from hypothesis.stateful import MultipleResults, initialize
 
-from spec.types import SchedulerConfig, SchedulerState, StepPlan
-from tests.stateful.base import REQUESTS, checked
+from spec.types import SchedulerState, StepPlan
 from tests.stateful.coverage import REQUIRED_EVENTS
 from tests.stateful.failures import require
 from tests.stateful.harness import run_differential
 from tests.stateful.prefix import PREFIX_REQUIRED_EVENTS, PrefixRules
-from tests.stateful.strategies import INITIAL_REQUESTS, NewRequest, engine_configs
 from tests.stateful.test_engine_differential import REQUIRED, EngineDifferential, single_thread
 from tests.stateful.test_scheduler_differential import SchedulerDifferential
 
@@ -29,27 +26,9 @@ from tests.stateful.test_scheduler_differential import SchedulerDifferential
 class PrefixSchedulerDifferential(PrefixRules, SchedulerDifferential):
     NAME = "PrefixSchedulerDifferential"
 
-    @initialize(
-        target=REQUESTS, config=engine_configs(prefix_caching=True), initial=INITIAL_REQUESTS
-    )
-    @checked
-    def init_engine(
-        self, config: SchedulerConfig, initial: list[NewRequest]
-    ) -> MultipleResults[str]:
-        return self.start_engine(config, initial)
-
 
 class PrefixEngineDifferential(PrefixRules, EngineDifferential):
     NAME = "PrefixEngineDifferential"
-
-    @initialize(
-        target=REQUESTS, config=engine_configs(prefix_caching=True), initial=INITIAL_REQUESTS
-    )
-    @checked
-    def init_engine(
-        self, config: SchedulerConfig, initial: list[NewRequest]
-    ) -> MultipleResults[str]:
-        return self.start_engine(config, initial)
 
     def fault_snapshot(self) -> dict[str, object]:
         """Also the K/V of every cached block: a rollback gives reclaimed blocks their keys
@@ -92,7 +71,7 @@ class PrefixEngineDifferential(PrefixRules, EngineDifferential):
     admitted_now: frozenset[str] = frozenset()
 
     def do_step(self) -> StepPlan | None:
-        self.admitted_now = frozenset(r.request_id for r in self.spec.state.waiting)
+        self.admitted_now = frozenset(r.request_id for r in self.lock.state.waiting)
         return super().do_step()
 
 

@@ -17,8 +17,10 @@ from hypothesis import settings
 import impl
 import spec
 from impl.scheduler import Scheduler
-from spec.scheduler import oracle_tokens
-from spec.types import SamplingParams, SchedulerConfig, SchedulerState, StepPlan
+from impl.scheduler_output import SchedulerOutput
+from kvsched.peers.lockstep import Lockstep
+from kvsched.peers.ours import SchedulerAdapter
+from spec.types import SamplingParams, SchedulerConfig
 from tests.stateful.coverage import REQUIRED_EVENTS, UNDONE_VICTIM_EVENT
 from tests.stateful.harness import run_differential
 from tests.stateful.machine import DifferentialMachine
@@ -36,26 +38,26 @@ class SchedulerDifferential(DifferentialMachine):
     NAME = "SchedulerDifferential"
     VOCAB = VOCAB
 
-    scheduler: Scheduler
+    real: SchedulerAdapter
     toy: ToyModel
 
-    def new_real(self, config: SchedulerConfig) -> None:
-        self.scheduler = Scheduler(config, vocab_size=VOCAB)
+    def new_lockstep(self, config: SchedulerConfig) -> Lockstep:
+        """The toy samples with ``ORACLE`` through the real block tables, the spec with it
+        on its own view of each request (``spec_samples``)."""
         self.toy = ToyModel(config, ORACLE)
+        self.real = SchedulerAdapter(config, vocab_size=VOCAB, forward=self.forward)
+        return Lockstep(self.real, config, ORACLE, spec_samples=True, vocab_size=VOCAB)
 
-    def real_scheduler(self) -> Scheduler:
-        return self.scheduler
-
-    def real_step(self) -> StepPlan:
+    def forward(self, out: SchedulerOutput) -> list[int]:
         fired = len(self.toy.fired)
         try:
-            return self.scheduler.step(self.toy.forward)
+            return self.toy.forward(out)
         finally:
             for kind in self.toy.fired[fired:]:
                 self.note(f"fault: {kind}")
 
-    def spec_tokens(self, mid: SchedulerState, draft: StepPlan, real: StepPlan) -> dict[str, int]:
-        return oracle_tokens(mid, draft, ORACLE)
+    def real_scheduler(self) -> Scheduler:
+        return self.real.scheduler
 
     def solo(self, prompt: tuple[int, ...], params: SamplingParams) -> tuple[int, ...]:
         return toy_solo(prompt, params, ORACLE)
