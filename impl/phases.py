@@ -273,11 +273,12 @@ def admit(sched: Scheduler, out: SchedulerOutput, budget: int) -> int:
         num_blocks = cdiv(start + n, bs) - len(hit)
         free = gpu.num_free_blocks
         # PC4: a hit on a free block takes it from the free queue too.
-        taken = num_blocks if cache is None else num_blocks + cache.num_evictable(hit)
-        if taken > free:
+        evictable = 0 if cache is None else cache.num_evictable(hit)
+        if num_blocks + evictable > free:
             break
-        # vllm-v1/full-sequence-admission: blocks for all its tokens must be free.
-        if full_sequence_gate and cdiv(seq.num_tokens, bs) > free:
+        # vllm-v1/full-sequence-admission: blocks for all its tokens must be free
+        # (-hits: the hit blocks are not asked for again, its free ones are, as above).
+        if full_sequence_gate and cdiv(seq.num_tokens, bs) - len(hit) + evictable > free:
             break
         if gate and not policy.can_admit(seq, n, running=running, num_free_blocks=free):
             break

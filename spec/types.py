@@ -112,6 +112,11 @@ class SampledTokensError(KVSchedError, ValueError):
 # --- configuration and requests ------------------------------------------------------
 
 
+# The profiles that may turn prefix caching on: each one's caching rules are held to its
+# peer in lockstep first (vllm-v1: docs/peers.md V9-V10).
+_CACHING_PROFILES = frozenset({Semantics.KVSCHED, Semantics.VLLM_V1})
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SchedulerConfig:
     """Scheduler limits, with vLLM's names.
@@ -164,10 +169,11 @@ class SchedulerConfig:
         except ValueError:
             known = ", ".join(s.value for s in Semantics)
             raise ConfigError(f"unknown semantics {self.semantics!r} (known: {known})") from None
-        if self.enable_prefix_caching and self.semantics is not Semantics.KVSCHED:
+        if self.enable_prefix_caching and self.semantics not in _CACHING_PROFILES:
             # PC1-PC9 are the kvsched profile's; each peer's caching is compared first.
             raise ConfigError(
-                f"enable_prefix_caching: only in the kvsched profile so far, not {self.semantics}"
+                f"enable_prefix_caching: only in the kvsched and vllm-v1 profiles so far, "
+                f"not {self.semantics}"
             )
         if self.semantics is Semantics.VLLM_V1:
             self._check_vllm_v1()

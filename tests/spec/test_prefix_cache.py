@@ -9,11 +9,14 @@ import pytest
 import spec
 from spec.invariants import plan_violations, state_violations
 from spec.prefix_cache import longest_hit, max_hit_blocks, release, take, touch
+from spec.profiles import full_sequence_fits
 from spec.scheduler import step
 from spec.types import (
     ConfigError,
     PreemptionMode,
     PrefixCacheState,
+    Request,
+    RequestState,
     SamplingParams,
     SchedulerConfig,
     SchedulerState,
@@ -117,3 +120,15 @@ def test_a_preempted_request_hits_its_own_freed_blocks() -> None:
             if request is not None and request.num_preemptions and chunk.start:
                 hit_own = True
     assert hit_own
+
+
+def test_vllm_v1_full_sequence_gate_credits_the_hit_and_charges_its_free_blocks() -> None:
+    """vllm-v1/full-sequence-admission with a hit (V9): cdiv(20, 4) - hit + free hits <= free."""
+    vllm = config(semantics="vllm-v1", max_num_seqs=8)
+    request = RequestState(
+        request=Request(request_id="r", prompt_token_ids=tuple(range(20)), params=PARAMS, arrival=0)
+    )
+    assert full_sequence_fits(vllm, request, 4, num_hit=2)
+    assert not full_sequence_fits(vllm, request, 4, num_hit=2, num_evictable=2)
+    assert not full_sequence_fits(vllm, request, 4)
+    assert full_sequence_fits(config(), request, 0)  # kvsched has no such gate

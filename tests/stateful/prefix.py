@@ -23,7 +23,7 @@ from spec.types import PreemptionMode, SchedulerConfig, SchedulerState, StepPlan
 from tests.stateful.base import REQUESTS, checked
 from tests.stateful.coverage import REQUIRED_EVENTS
 from tests.stateful.machine import DifferentialMachine
-from tests.stateful.strategies import NEW_REQUESTS, NewRequest
+from tests.stateful.strategies import NEW_REQUESTS, PREFIX_SEMANTICS, NewRequest
 
 SYSTEM_PROMPT_LEN: Final = 64
 
@@ -44,7 +44,7 @@ PREFIX_EVENTS: Final = frozenset(
 )
 
 #: The machines with caching on never swap (caching refuses swap mode) and run the
-#: kvsched profile only (caching is refused with the peer profiles).
+#: profiles that have caching only (``PREFIX_SEMANTICS``: kvsched, vllm-v1).
 _UNREACHABLE_WITH_CACHING: Final = frozenset(
     {
         "config: mode=swap",
@@ -57,12 +57,20 @@ _UNREACHABLE_WITH_CACHING: Final = frozenset(
         *(
             event
             for event in REQUIRED_EVENTS
-            if event.startswith(("vllm-v1/", "nano-vllm/"))
-            or (event.startswith("config: semantics=") and event != "config: semantics=kvsched")
+            if event.startswith("nano-vllm/")
+            or (
+                event.startswith("config: semantics=")
+                and event.removeprefix("config: semantics=") not in PREFIX_SEMANTICS
+            )
         ),
     }
 )
 
+#: Not required: "vllm-v1/full-sequence-admission: the gate held back a request with a
+#: hit" (the hit credited, its rest of the sequence still too large) was not reached in
+#: a ci run of the scheduler machine (386 vllm-v1 examples, 246 gate refusals, none of a
+#: request with a hit: the chunk must be cut by the budget right then); the peer machine
+#: and tests/peers/repros/full_sequence_hit_*.jsonl check the rule against vLLM.
 PREFIX_REQUIRED_EVENTS: Final = (REQUIRED_EVENTS - _UNREACHABLE_WITH_CACHING) | PREFIX_EVENTS
 
 

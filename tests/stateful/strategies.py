@@ -16,6 +16,8 @@ POLICY_NAMES: Final = tuple(sorted(spec.POLICIES))
 #: kvsched twice: the profiles share the example budget, and kvsched has the most paths
 #: (every mode and policy); each peer profile gets a quarter of the examples.
 SEMANTICS: Final = (Semantics.KVSCHED, Semantics.VLLM_V1, Semantics.KVSCHED, Semantics.NANO_VLLM)
+#: The profiles with prefix caching, for the prefix machines: kvsched twice, as above.
+PREFIX_SEMANTICS: Final = (Semantics.KVSCHED, Semantics.VLLM_V1, Semantics.KVSCHED)
 
 
 @st.composite
@@ -36,10 +38,17 @@ def engine_configs(
     the mode is recompute or restart (caching refuses swap); the other draws are the
     same.
     """
-    # Prefix caching is the kvsched profile's only (SchedulerConfig refuses the others).
-    semantics = Semantics.KVSCHED if prefix_caching else draw(st.sampled_from(semantics_choices))
+    # Prefix caching only in the profiles that have it (SchedulerConfig refuses the others).
+    if prefix_caching:
+        semantics_choices = tuple(s for s in semantics_choices if s in PREFIX_SEMANTICS)
+    # One choice draws nothing (the kvsched-only machines keep their examples).
+    semantics = (
+        semantics_choices[0]
+        if len(semantics_choices) == 1
+        else draw(st.sampled_from(semantics_choices))
+    )
     if semantics is not Semantics.KVSCHED:
-        return draw(profile_configs(semantics))
+        return draw(profile_configs(semantics, prefix_caching=prefix_caching))
     block_size = draw(st.sampled_from(BLOCK_SIZES))
     gpu_tokens = draw(st.integers(8, 64))
     num_gpu_blocks = max(2, gpu_tokens // block_size)  # 16 x 1 block: no two requests fit
@@ -79,8 +88,11 @@ def engine_configs(
 
 
 @st.composite
-def profile_configs(draw: st.DrawFn, semantics: Semantics) -> SchedulerConfig:
-    """A config a peer profile accepts (its constraints: ``SchedulerConfig.__post_init__``).
+def profile_configs(
+    draw: st.DrawFn, semantics: Semantics, *, prefix_caching: bool = False
+) -> SchedulerConfig:
+    """A config a peer profile accepts (its constraints: ``SchedulerConfig.__post_init__``),
+    with ``enable_prefix_caching`` set to ``prefix_caching``.
 
     Both: recompute only, no CPU pool. vllm-v1: ``lifo`` or ``priority``,
     ``max_num_batched_tokens >= max_num_seqs``, ``max_model_len`` drawn or the default
@@ -121,6 +133,7 @@ def profile_configs(draw: st.DrawFn, semantics: Semantics) -> SchedulerConfig:
             policy=st.just(policy),
             semantics=st.builds(Semantics, st.just(semantics.value)),
             max_model_len=st.just(max_model_len),
+            enable_prefix_caching=st.just(prefix_caching),
         )
     )
 
