@@ -7,6 +7,7 @@ The numbers in docs/peers.md ("how it was checked") come from this script::
     python scripts/explore_peers.py vllm --runs 300 --seed 2000 --fit --policy priority
     python scripts/explore_peers.py nano-vllm --runs 300
     python scripts/explore_peers.py nano-vllm --runs 400 --seed 3000 --fit --no-chunking
+    python scripts/explore_peers.py vllm --runs 300 --seed 8000 --shared-prefix
 
 Each run draws a small workload and config (block sizes 1-16, or 2-16 for nano-vllm;
 tight to roomy pools; budgets from ``max_num_seqs`` to 48; ``max_num_seqs`` 1-6; EOS or
@@ -16,18 +17,27 @@ alone (the spec's R4 accepts it) and chunked prefill is on unless ``--no-chunkin
 With ``--save DIR`` the first workload of each divergence kind is written there, and its
 ``kvsched conform`` command printed. This is exploration, not a test: the pinned
 reproductions are tests/peers/test_peers.py.
+
+``--shared-prefix`` turns prefix caching on (vLLM, or our scheduler; the profile must
+have it) and draws prompts that share their first tokens: each starts with one of 1-3
+system prompts (1-24 tokens, cut anywhere, sometimes at a whole number of blocks) and
+some are sent again, identical, later; pools are tighter, so cached blocks are reclaimed
+and preempted requests come back to their own freed blocks. Agreeing runs report the
+tokens their admissions hit (counted on the spec's plans; not with ``--aborts``).
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import json
 import random
 import re
 import time
 from pathlib import Path
 
+import spec
 from kvsched.errors import DrainError
 from kvsched.peers import PROFILES, PeerUnsupportedError, common_eos, make_peer
 from kvsched.peers.known import classify
@@ -36,7 +46,13 @@ from kvsched.peers.ours import SchedulerAdapter
 from kvsched.peers.protocol import SchedulerUnderTest
 from kvsched.workload import WorkloadRequest
 from spec.oracle import HashOracle
-from spec.types import ConfigError, SamplingParams, SchedulerConfig, Semantics
+from spec.types import (
+    ConfigError,
+    InvalidRequestError,
+    SamplingParams,
+    SchedulerConfig,
+    Semantics,
+)
 
 ORACLE_VOCAB = 8
 
@@ -49,6 +65,7 @@ def draw(
     chunking: bool,
     policy: str,
     semantics: Semantics,
+    shared_prefix: bool = False,
 ) -> tuple[SchedulerConfig, list[WorkloadRequest]]:
     nano = peer == "nano-vllm" or semantics is Semantics.NANO_VLLM
     block_size = rng.choice([2, 3, 4, 8, 16] if nano else [1, 2, 3, 4, 8, 16])
@@ -56,11 +73,29 @@ def draw(
     max_num_seqs = rng.randint(1, 6)
     budget = rng.randint(max_num_seqs, 48)
     eos = rng.choice([None, 3])
-    workload = []
-    for i in range(rng.randint(1, 8)):
+    # Drawn only here, so the other modes keep their runs (docs/peers.md's seeds).
+    systems = (
+        [
+            [rng.randrange(1, 200) for _ in range(rng.randint(1, 24))]
+            for _ in range(rng.randint(1, 3))
+        ]
+        if shared_prefix
+        else []
+    )
+    workload: list[WorkloadRequest] = []
+    for i in range(rng.randint(1, 8) + (4 if shared_prefix else 0)):
         prompt = [rng.randrange(1, 200) for _ in range(rng.randint(1, max_prompt))]
         if nano:
             prompt[0] = 200 + i  # distinct first tokens: no prefix-cache hit
+        if shared_prefix:
+            if workload and rng.random() < 0.2:  # a prompt sent again
+                prompt = list(rng.choice(workload).prompt)
+            else:
+                system = rng.choice(systems)
+                cut = rng.randint(1, len(system))
+                if rng.random() < 0.3 and len(system) >= block_size:
+                    cut = len(system) // block_size * block_size
+                prompt = system[:cut] + prompt[: rng.randint(0, len(prompt))]
         params = SamplingParams(
             max_tokens=rng.randint(1, max_tokens),
             eos_token_id=eos,
@@ -77,6 +112,8 @@ def draw(
         )
     need = max(-(-(len(r.prompt) + r.params.max_tokens) // block_size) for r in workload)
     blocks = max(1, need + rng.randint(-1, 3)) if rng.random() < 0.7 else need * 3
+    if shared_prefix and rng.random() < 0.5:
+        blocks = max(1, need // 2 + rng.randint(0, need))  # tight: reclaims, preemptions
     chunked = rng.random() < 0.8
     if fit:
         blocks, chunked = max(blocks, need), True
@@ -90,8 +127,27 @@ def draw(
         enable_chunked_prefill=chunked and chunking and semantics is not Semantics.NANO_VLLM,
         policy=policy,
         semantics=semantics,
+        enable_prefix_caching=shared_prefix,
     )
     return config, workload
+
+
+def hit_tokens(config: SchedulerConfig, workload: list[WorkloadRequest]) -> int:
+    """The tokens the admissions of a run hit, on the spec's plans (for an agreeing run,
+    the peer's too: lockstep compared every chunk's start)."""
+    oracle = HashOracle(vocab_size=ORACLE_VOCAB)
+    state = spec.init_state(config)
+    pending = sorted(workload, key=lambda r: r.arrival_step)
+    hits = 0
+    while pending or spec.has_unfinished_requests(state):
+        while pending and pending[0].arrival_step <= state.num_steps:
+            r = pending.pop(0)
+            with contextlib.suppress(InvalidRequestError):
+                state = spec.add_request(state, r.request_id, r.prompt, r.params)
+        waiting = {r.request_id for r in state.waiting}
+        state, plan = spec.step(state, oracle)
+        hits += sum(c.start for c in plan.scheduled if c.request_id in waiting)
+    return hits
 
 
 def run_with_aborts(
@@ -156,6 +212,7 @@ def command(peer: str, path: Path, c: SchedulerConfig) -> str:
         + ("" if c.enable_chunked_prefill else " --no-enable-chunked-prefill")
         + f" --semantics {c.semantics}"
         + f" --oracle-vocab {ORACLE_VOCAB}"
+        + (" --enable-prefix-caching" if c.enable_prefix_caching else "")
     )
 
 
@@ -179,10 +236,15 @@ def main() -> int:
     parser.add_argument(
         "--aborts", type=float, default=0.0, help="abort probability per step (re-adds the id)"
     )
+    parser.add_argument(
+        "--shared-prefix",
+        action="store_true",
+        help="prefix caching on, prompts sharing system prompts (vllm, kvsched)",
+    )
     args = parser.parse_args()
     kinds: collections.Counter[str] = collections.Counter()
     examples: dict[str, str] = {}
-    agree = steps = 0
+    agree = steps = hits = 0
     started = time.perf_counter()
     semantics = PROFILES[args.peer] if args.semantics is None else Semantics(args.semantics)
     for k in range(args.runs):
@@ -196,6 +258,7 @@ def main() -> int:
                 chunking=not args.no_chunking,
                 policy=args.policy,
                 semantics=semantics,
+                shared_prefix=args.shared_prefix,
             )
             if args.peer == "kvsched":
                 peer = SchedulerAdapter(config)
@@ -212,6 +275,8 @@ def main() -> int:
         steps += report.steps
         if report.divergence is None:
             agree += 1
+            if config.enable_prefix_caching and not args.aborts:  # the replay has no aborts
+                hits += hit_tokens(config, workload)
             continue
         kind = re.sub(r"\[\d+\]", "[i]", re.sub(r"\('r\d+'\)", "(...)", report.divergence.field))
         bug = classify(args.peer, report.divergence)
@@ -229,7 +294,7 @@ def main() -> int:
     seconds = time.perf_counter() - started
     print(
         f"{args.peer} under {semantics}: {args.runs} runs, {agree} agree, {steps} steps, "
-        f"{seconds:.0f} s"
+        f"{seconds:.0f} s" + (f", {hits} tokens hit in agreeing runs" if hits else "")
     )
     for kind, count in kinds.most_common():
         print(f"{count:5d}  {kind}")

@@ -19,6 +19,10 @@ block sizes 1-16 (nano-vllm >= 2), pools of 8-64 tokens, budgets from 1 (vLLM: f
 from 1, chunked prefill on or off (nano-vllm: off, N2), ``lifo`` (vLLM also ``priority``),
 recompute only (V7), vLLM's ``max_model_len`` drawn or its default (>= 2).
 
+``PrefixPeerMachine`` (vLLM: ``VllmPrefixMachine``) turns prefix caching on and adds the
+stateful suite's shared-prefix rules; lockstep then compares vLLM's block pool too
+(ids, free queue order, keys: the adapter projects it onto ``PrefixCacheState``).
+
 nano-vllm's prefix cache is always on and the spec does not model it yet (N7): every
 request's first token is its own (never reused within an example), so no two requests
 share a first block and no hit can happen; "identical" requests differ only there.
@@ -55,10 +59,16 @@ from kvsched.peers import PROFILES, make_peer
 from kvsched.peers.known import KnownBug, classify
 from kvsched.peers.lockstep import Diverged, Lockstep, describe
 from spec.oracle import HashOracle
-from spec.types import RequestState, SamplingParams, SchedulerConfig, StepPlan
+from spec.types import RequestState, SamplingParams, SchedulerConfig, SchedulerState, StepPlan
 from tests.stateful.base import REQUESTS, RecordedMachine, checked
 from tests.stateful.failures import fail
 from tests.stateful.machine import ProgressKey, drain_bound, progress_key
+from tests.stateful.prefix import (
+    PREFIX_EVENTS,
+    SYSTEM_PROMPT_LEN,
+    prefix_events,
+    shared_prompts,
+)
 from tests.stateful.rules import abort_label, find_live
 from tests.stateful.step import profile_events, step_events
 from tests.stateful.strategies import (
@@ -130,9 +140,25 @@ REQUIRED_VLLM: Final = {e for e in REQUIRED_NANO if not e.startswith("nano-vllm/
     "abort: running mid-prefill",
 }
 
+#: With prefix caching (``VllmPrefixMachine``): every prefix event of the stateful suite
+#: (tests/stateful/prefix.py) against vLLM's own cache. Not required: the
+#: full-sequence gate holding a request back (vllm-v1/full-sequence-admission, with or
+#: without a hit), reached in one step of the ci run; its repros check it
+#: (tests/peers/repros/full_sequence_hit_*.jsonl).
+REQUIRED_VLLM_PREFIX: Final = {
+    "config: prefix caching on",
+    "preempt: recompute",
+    "chunked prefill: partial chunk",
+    "finish: length",
+    "vllm-v1/max-model-len: length at max_model_len",
+    *PREFIX_EVENTS,
+}
+
 
 class PeerMachine(RecordedMachine):
     PEER: ClassVar[str]
+    #: Configs with ``enable_prefix_caching`` (the profile must have it: vllm-v1).
+    PREFIX_CACHING: ClassVar[bool] = False
 
     def __init__(self) -> None:
         super().__init__()
@@ -146,7 +172,11 @@ class PeerMachine(RecordedMachine):
 
     @initialize(
         target=REQUESTS,
-        config=st.runner().flatmap(lambda machine: profile_configs(PROFILES[machine.PEER])),
+        config=st.runner().flatmap(
+            lambda machine: profile_configs(
+                PROFILES[machine.PEER], prefix_caching=machine.PREFIX_CACHING
+            )
+        ),
         eos=st.integers(0, VOCAB - 1),
         initial=st.lists(FITTING, min_size=1, max_size=8),
     )
@@ -165,6 +195,7 @@ class PeerMachine(RecordedMachine):
         self.note(f"config: chunked prefill {'on' if config.enable_chunked_prefill else 'off'}")
         if config.max_num_seqs == 1:
             self.note("config: max_num_seqs=1")
+        self.start_cache(config)
         accepted: list[str] = []
         with self.lockstep():
             accepted = self.add_all(initial)
@@ -241,7 +272,17 @@ class PeerMachine(RecordedMachine):
         self.record.stats.steps += 1
         self.note_all(step_events(self.config, before, plan, self.lock.state))
         self.note_all(profile_events(before, mid, plan))
+        self.note_all(self.cache_events(before, mid, plan))
         return plan
+
+    def start_cache(self, config: SchedulerConfig) -> None:
+        """Set up what the prefix-caching rules need (``PrefixPeerMachine``)."""
+
+    def cache_events(
+        self, before: SchedulerState, mid: SchedulerState, plan: StepPlan
+    ) -> Iterable[str]:
+        """The prefix-cache events of a step (``PrefixPeerMachine``)."""
+        return ()
 
     def note_all(self, labels: Iterable[str]) -> None:
         for label in labels:
@@ -409,3 +450,84 @@ class PeerMachine(RecordedMachine):
                     fail("no_livelock", f"{self.PEER}: state repeats after {steps} drain steps")
                 seen.add(key)
             self.lock.finish()
+
+
+class PrefixPeerMachine(PeerMachine):
+    """A peer machine with prefix caching on and the stateful suite's shared-prefix rules
+    (tests/stateful/prefix.py): requests sharing the example's system prompt (cut
+    anywhere, or at whole blocks) and prompts sent again (after they finished, were
+    preempted or had their blocks reclaimed). Its events are the suite's prefix events,
+    from the spec's states (lockstep has just found the peer's pool equal to them)."""
+
+    PREFIX_CACHING = True
+    system_prompt: tuple[int, ...] = ()
+
+    def start_cache(self, config: SchedulerConfig) -> None:
+        rng = random.Random(config.num_gpu_blocks * 131 + config.max_num_batched_tokens)
+        self.system_prompt = tuple(rng.randrange(VOCAB) for _ in range(SYSTEM_PROMPT_LEN))
+        self.victim_blocks: dict[int, frozenset[int]] = {}
+        self.sent: list[tuple[tuple[int, ...], NewRequest]] = []
+        self.finished_prompts: set[tuple[int, ...]] = set()
+        self.note("config: prefix caching on")
+
+    def cache_events(
+        self, before: SchedulerState, mid: SchedulerState, plan: StepPlan
+    ) -> Iterable[str]:
+        events = list(
+            prefix_events(
+                before,
+                mid,
+                plan,
+                self.lock.state,
+                victim_blocks=self.victim_blocks,
+                prompts_sent_before=set(self.finished_prompts),
+            )
+        )
+        prompts = {r.request_id: r.request.prompt_token_ids for r in mid.running}
+        self.finished_prompts.update(prompts[f.request_id] for f in plan.finished)
+        return events
+
+    def send(self, prompts: list[tuple[int, ...]], req: NewRequest) -> MultipleResults[str]:
+        """Submit each prompt with ``req``'s parameters (resolved for its sizes, no EOS)."""
+        _, params = self.resolve(replace(req, prompt_len=len(prompts[0]), eos=None))
+        accepted: list[str] = []
+        with self.lockstep():
+            for prompt in prompts:
+                request_id = self.fresh_id()
+                if self.submit(request_id, prompt, params):
+                    accepted.append(request_id)
+                    self.sent.append((prompt, req))
+        return multiple(*accepted)
+
+    @precondition(lambda self: self.running())
+    @rule(
+        target=REQUESTS,
+        req=FITTING,
+        prefix_len=st.integers(1, SYSTEM_PROMPT_LEN),
+        exact_blocks=st.booleans(),
+        copies=st.integers(1, 4),
+    )
+    @checked
+    def add_shared_prefix(
+        self, req: NewRequest, prefix_len: int, exact_blocks: bool, copies: int
+    ) -> MultipleResults[str]:
+        resolved, _ = self.resolve(req)
+        prompts = shared_prompts(
+            self.system_prompt,
+            len(resolved),
+            self.config.block_size,
+            prefix_len=prefix_len,
+            exact_blocks=exact_blocks,
+            copies=copies,
+            salt=req.salt,
+            vocab=VOCAB,
+        )
+        return self.send(prompts, req)
+
+    @precondition(lambda self: self.running() and bool(self.sent))
+    @rule(target=REQUESTS, pick=st.integers(0, 2**16))
+    @checked
+    def resend(self, pick: int) -> MultipleResults[str]:
+        """A prompt sent before, again, wherever its first copy is now."""
+        prompt, req = self.sent[pick % len(self.sent)]
+        return self.send([prompt], req)

@@ -11,7 +11,13 @@ from __future__ import annotations
 from hypothesis import settings
 
 from tests.peers.conftest import require_peer
-from tests.peers.machine import REQUIRED_NANO, REQUIRED_VLLM, PeerMachine
+from tests.peers.machine import (
+    REQUIRED_NANO,
+    REQUIRED_VLLM,
+    REQUIRED_VLLM_PREFIX,
+    PeerMachine,
+    PrefixPeerMachine,
+)
 from tests.stateful.harness import run_differential
 from tests.stateful.profiles import SUPPRESSED
 
@@ -19,6 +25,12 @@ from tests.stateful.profiles import SUPPRESSED
 @settings(deadline=None, suppress_health_check=SUPPRESSED)
 class VllmMachine(PeerMachine):
     NAME = "VllmMachine"
+    PEER = "vllm"
+
+
+@settings(deadline=None, suppress_health_check=SUPPRESSED)
+class VllmPrefixMachine(PrefixPeerMachine):
+    NAME = "VllmPrefixMachine"
     PEER = "vllm"
 
 
@@ -31,6 +43,11 @@ class NanoVllmMachine(PeerMachine):
 def test_vllm_machine() -> None:
     require_peer("vllm")
     run_differential(VllmMachine, REQUIRED_VLLM)
+
+
+def test_vllm_prefix_machine() -> None:
+    require_peer("vllm")
+    run_differential(VllmPrefixMachine, REQUIRED_VLLM_PREFIX)
 
 
 def test_nano_vllm_machine() -> None:
