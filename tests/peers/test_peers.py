@@ -94,6 +94,17 @@ DOCUMENTED = [
      "--num-gpu-blocks 7 --block-size 4 --max-num-batched-tokens 8 --max-num-seqs 4 "
      "--enable-prefix-caching",
      OK, OK),
+    # V9 on a 40-request shared-prefix workload (the first look's steps 77 and 27).
+    ("vllm", "shared_prefix_40",
+     "--num-gpu-blocks 40 --block-size 4 --max-num-batched-tokens 32 --max-num-seqs 8 "
+     "--enable-prefix-caching",
+     OK, "conform: DIVERGED at step 77: plan.scheduled[4]: spec ScheduledChunk(request_id='r1', "
+     "start=0, num_tokens=19), engine (absent)"),
+    ("vllm", "shared_prefix_40",
+     "--num-gpu-blocks 20 --block-size 4 --max-num-batched-tokens 32 --max-num-seqs 8 "
+     "--enable-prefix-caching",
+     OK, "conform: DIVERGED at step 27: plan.scheduled[4]: spec ScheduledChunk(request_id='r16', "
+     "start=24, num_tokens=1), engine (absent)"),
     ("vllm", "victim_order", "--num-gpu-blocks 3 --block-size 2", OK, OK),
     ("vllm", "prefill_only_steps", "--num-gpu-blocks 8 --block-size 4", OK, OK),
     # N6: the spec keeps R4's refusal; nano-vllm accepts, then fails `assert scheduled_seqs`.
@@ -132,7 +143,7 @@ DOCUMENTED = [
 @pytest.mark.parametrize(
     ("peer", "name", "options", "verdict", "kvsched_verdict"),
     DOCUMENTED,
-    ids=[f"{row[0]}-{row[1]}" for row in DOCUMENTED],
+    ids=[f"{row[0]}-{row[1]}-{row[2].split()[1]}" for row in DOCUMENTED],
 )
 def test_documented_differences(
     invoke: Invoke, *, peer: str, name: str, options: str, verdict: str, kvsched_verdict: str
