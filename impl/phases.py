@@ -62,12 +62,14 @@ def schedule_running(sched: Scheduler, out: SchedulerOutput, budget: int) -> int
         if need > 0:
             if need > free:
                 if sched.victim_any_running:
-                    undone = make_room_any_running(sched, out, i, need)
-                    preempted_itself = undone is None
-                    if undone is not None:
-                        budget += undone[0]
-                        i -= undone[1]
-                        capped -= undone[2]
+                    preempted_itself, tokens, count, not_sampled = make_room_any_running(
+                        sched, out, i, need
+                    )
+                    # Undone chunks leave the plan even when the request then
+                    # preempts itself (their samples must not be counted).
+                    budget += tokens
+                    i -= count
+                    capped -= not_sampled
                 else:
                     preempted_itself = make_room(sched, out, i, need)
                 if preempted_itself:
@@ -113,13 +115,13 @@ def make_room(sched: Scheduler, out: SchedulerOutput, index: int, need: int) -> 
 
 def make_room_any_running(
     sched: Scheduler, out: SchedulerOutput, index: int, need: int
-) -> tuple[int, int, int] | None:
+) -> tuple[bool, int, int, int]:
     """vllm-v1/priority-victim-any-running: ``make_room`` with victims among all of ``running``.
 
     A victim already scheduled in this step (below ``index``) loses its chunk: the
     chunk leaves ``num_scheduled`` and its tokens return to the caller's budget.
-    Returns None if the victim was ``running[index]`` itself, else the undone chunks'
-    ``(tokens, count, how many of them did not sample)``.
+    Returns whether the victim was at last ``running[index]`` itself, and the undone
+    chunks' ``(tokens, count, how many of them did not sample)``.
     """
     gpu = sched.gpu
     running = sched.running
@@ -129,7 +131,7 @@ def make_room_any_running(
         victim_index = sched.policy.select_victim(running, 0)
         if victim_index == index:
             preempt(sched, out, index)
-            return None
+            return True, tokens, count, capped
         if victim_index > index:
             preempt(sched, out, victim_index)
             continue
@@ -141,7 +143,7 @@ def make_room_any_running(
         preempt(sched, out, victim_index)
         out.preempted[-1].undone_chunk = n
         index -= 1
-    return tokens, count, capped
+    return False, tokens, count, capped
 
 
 def preempt(sched: Scheduler, out: SchedulerOutput, index: int) -> None:

