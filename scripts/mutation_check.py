@@ -711,6 +711,19 @@ MUTANTS: tuple[Mutant, ...] = (
         expect=DIVERGES,
     ),
     mutant(
+        "vllm-gate-ignores-hit",
+        "vllm-v1/full-sequence-admission-hits: the gate asks for the whole sequence's blocks "
+        "without crediting the cache hit (V2's gate alone)",
+        (
+            PHASES,
+            "if full_sequence_gate and cdiv(seq.num_tokens, bs) - len(hit) + evictable > free:",
+            "if full_sequence_gate and cdiv(seq.num_tokens, bs) > free:",
+        ),
+        # The engine machine with caching runs kvsched only.
+        machines=("prefix-scheduler",),
+        expect=DIVERGES,
+    ),
+    mutant(
         "prefix-rollback-skips-cached-kv",
         "a failed forward is rolled back without restoring the K/V of reclaimed cached blocks",
         (

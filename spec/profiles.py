@@ -73,7 +73,14 @@ def length_capped(
 # --- vllm-v1/full-sequence-admission (V2) ----------------------------------------------
 
 
-def full_sequence_fits(config: SchedulerConfig, request: RequestState, free: int) -> bool:
+def full_sequence_fits(
+    config: SchedulerConfig,
+    request: RequestState,
+    free: int,
+    *,
+    num_hit: int = 0,
+    num_evictable: int = 0,
+) -> bool:
     """Phase C's gate under **vllm-v1/full-sequence-admission**; always True otherwise.
 
     A waiting (or preempted) request is admitted only if the blocks of *all* its
@@ -83,12 +90,24 @@ def full_sequence_fits(config: SchedulerConfig, request: RequestState, free: int
     kvsched asks only for the chunk's ``cdiv(n, bs)`` blocks. (vLLM caps the count at
     ``max_model_len``, which a live request never reaches.)
 
+    **vllm-v1/full-sequence-admission-hits** (V9, with prefix caching): the request's
+    cache hit of ``num_hit`` blocks (PC3) is not asked for again, but the
+    ``num_evictable`` of them that sit in the free queue are, as PC4 counts them:
+    ``cdiv(num_tokens, bs) - num_hit + num_evictable <= free``
+    (``get_num_blocks_to_allocate`` with the whole sequence and the hit,
+    ``v1/core/kv_cache_manager.py:522-539``, ``v1/core/single_type_kv_cache_manager.py:213-265``).
+    kvsched, without the gate, admits a candidate whose chunk fits though the rest of
+    its sequence does not (docs/peers.md V9).
+
     pre: free >= 0
+    pre: 0 <= num_evictable <= num_hit
+    pre: num_hit * config.block_size < request.num_tokens
     post: config.semantics is Semantics.VLLM_V1 or __return__
-    """
+    post: __return__ == (config.semantics is not Semantics.VLLM_V1 or cdiv(request.num_tokens, config.block_size) - num_hit + num_evictable <= free)
+    """  # noqa: E501
     if config.semantics is not Semantics.VLLM_V1:
         return True
-    return cdiv(request.num_tokens, config.block_size) <= free
+    return cdiv(request.num_tokens, config.block_size) - num_hit + num_evictable <= free
 
 
 # --- vllm-v1/priority-victim-any-running (V3) ------------------------------------------

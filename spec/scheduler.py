@@ -541,7 +541,8 @@ def admit_waiting(draft: StepDraft) -> StepDraft:
     2. ``n = min(num_tokens, budget)`` with chunked prefill on, else ``n = num_tokens``,
        and stop if ``n > budget``;
     3. stop if ``cdiv(n, bs) > free``, or (vllm-v1/full-sequence-admission) if
-       ``cdiv(num_tokens, bs) > free``, or if the policy's admission gate refuses it
+       ``cdiv(num_tokens, bs) > free`` (with a cache hit: less the hit blocks, plus
+       those of them that are free), or if the policy's admission gate refuses it
        (nano-vllm/admission-tests-len-seq: also if ``num_tokens > budget``);
     4. else it leaves ``waiting``, goes to the tail of ``running``, and chunk (r, n) is
        scheduled (a preempted request re-prefills prompt + kept outputs).
@@ -586,7 +587,9 @@ def admit_waiting(draft: StepDraft) -> StepDraft:
         n = prefill_fit(
             request, config, start=start, num_hit=len(hit), budget=budget, free=free - evictable
         )
-        if n == 0 or not full_sequence_fits(config, request, free):
+        if n == 0 or not full_sequence_fits(
+            config, request, free, num_hit=len(hit), num_evictable=evictable
+        ):
             break
         gpu_blocks = cdiv(start + n, bs) - len(hit)
         # The default gate never refuses; skip building the view it would ignore.

@@ -9,11 +9,14 @@ import pytest
 import spec
 from spec.invariants import plan_violations, state_violations
 from spec.prefix_cache import longest_hit, max_hit_blocks, release, take, touch
+from spec.profiles import full_sequence_fits
 from spec.scheduler import step
 from spec.types import (
     ConfigError,
     PreemptionMode,
     PrefixCacheState,
+    Request,
+    RequestState,
     SamplingParams,
     SchedulerConfig,
     SchedulerState,
@@ -52,12 +55,11 @@ def run_until_done(state: SchedulerState) -> SchedulerState:
 PARAMS = SamplingParams(max_tokens=2)
 
 
-def test_swap_and_other_profiles_are_refused() -> None:
+def test_swap_is_refused_and_every_profile_may_cache() -> None:
     with pytest.raises(ConfigError):
         config(preemption_mode=PreemptionMode.SWAP)
-    with pytest.raises(ConfigError):
-        config(semantics="vllm-v1")
-    # nano-vllm's cache is modelled (its profile's rules in spec/profiles.py).
+    # Each peer profile's caching has its own rules (spec/profiles.py, docs/semantics.md).
+    assert config(semantics="vllm-v1", max_num_seqs=8).enable_prefix_caching
     assert config(semantics="nano-vllm", enable_chunked_prefill=False).enable_prefix_caching
 
 
@@ -119,3 +121,15 @@ def test_a_preempted_request_hits_its_own_freed_blocks() -> None:
             if request is not None and request.num_preemptions and chunk.start:
                 hit_own = True
     assert hit_own
+
+
+def test_vllm_v1_full_sequence_gate_credits_the_hit_and_charges_its_free_blocks() -> None:
+    """vllm-v1/full-sequence-admission with a hit (V9): cdiv(20, 4) - hit + free hits <= free."""
+    vllm = config(semantics="vllm-v1", max_num_seqs=8)
+    request = RequestState(
+        request=Request(request_id="r", prompt_token_ids=tuple(range(20)), params=PARAMS, arrival=0)
+    )
+    assert full_sequence_fits(vllm, request, 4, num_hit=2)
+    assert not full_sequence_fits(vllm, request, 4, num_hit=2, num_evictable=2)
+    assert not full_sequence_fits(vllm, request, 4)
+    assert full_sequence_fits(config(), request, 0)  # kvsched has no such gate
