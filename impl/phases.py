@@ -120,7 +120,8 @@ def make_room_any_running(
     """vllm-v1/priority-victim-any-running: ``make_room`` with victims among all of ``running``.
 
     A victim already scheduled in this step (below ``index``) loses its chunk: the
-    chunk leaves ``num_scheduled`` and its tokens return to the caller's budget.
+    chunk leaves ``num_scheduled``, its tokens return to the caller's budget and the
+    keys it gave its blocks go (vllm-v1/undone-chunk-unkeyed).
     Returns whether the victim was at last ``running[index]`` itself, and the undone
     chunks' ``(tokens, count, how many of them did not sample)``.
     """
@@ -141,6 +142,10 @@ def make_room_any_running(
         tokens += n
         count += 1
         capped += victim.num_computed + n < victim.num_tokens
+        if sched.prefix_cache is not None:  # vllm-v1/undone-chunk-unkeyed (V11)
+            sched.prefix_cache.uncache_blocks(
+                victim.block_table, victim.num_computed, victim.num_computed + n
+            )
         preempt(sched, out, victim_index)
         out.preempted[-1].undone_chunk = n
         index -= 1

@@ -3,7 +3,10 @@ the blocks of an undone chunk outlive their step? (docs/peers.md, V11)
 
 vLLM keys the blocks a chunk fills when it schedules the chunk; when
 vllm-v1/priority-victim-any-running then undoes the chunk, the forward never writes its
-K/V but the keys stay (the spec does the same). This counts, over random workloads, the
+K/V but the keys stay. The spec drops them (vllm-v1/undone-chunk-unkeyed), so here every
+count of a stale key must be 0; it was written when the spec still kept them (and found
+0 on these workloads too: the bug needs the requester to preempt itself right after the
+undo, tests/peers/repros/undone_chunk_keys.jsonl). This counts, over random workloads, the
 undone chunks, the keys given in a step to blocks no chunk of the final plan wrote that
 are still cached after the step's decisions and after the step, and the admissions that
 hit such a block::

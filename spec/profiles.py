@@ -128,6 +128,44 @@ def victim_among_all_running(config: SchedulerConfig) -> bool:
     return config.semantics is Semantics.VLLM_V1 and config.policy == "priority"
 
 
+def unkey_undone_chunk(
+    cache: PrefixCacheState,
+    block_ids: tuple[int, ...],
+    *,
+    start: int,
+    end: int,
+    block_size: int,
+) -> PrefixCacheState:
+    """**vllm-v1/undone-chunk-unkeyed** (V11): an undone chunk ``start .. end`` gives
+    back the keys it gave its blocks ``block_ids``.
+
+    PC2 keys the blocks a chunk fills when it is scheduled, before any forward writes
+    them. When vllm-v1/priority-victim-any-running undoes the chunk, no forward ever
+    will, so the blocks it filled (full at ``end``, not at ``start``) leave the cache
+    before the victim frees them (unkeyed, they go to the head of the free queue, PC6).
+    vLLM keeps their hashes (``kv_cache_manager.py:606-616`` keys at scheduling,
+    ``scheduler.py:1571-1613`` frees keeping them): usually the request that needed the
+    blocks takes them straight back, but when it then preempts itself a later request
+    can hit a block whose K/V no forward wrote. That is a bug in the peer
+    (docs/peers.md V11), which the profile does not copy; lockstep classifies the
+    divergence it makes (``kvsched.peers.known.V11``).
+
+    pre: block_size >= 1
+    pre: 0 <= start <= end
+    pre: end // block_size <= len(block_ids)
+    post: __return__.free_queue == cache.free_queue
+    post: set(__return__.cached) <= set(cache.cached)
+    post: not {block for _, block in __return__.cached} & set(block_ids[start // block_size : end // block_size])
+    """  # noqa: E501
+    filled = set(block_ids[start // block_size : num_full_blocks(end, block_size)])
+    if not filled:
+        return cache
+    return PrefixCacheState(
+        free_queue=cache.free_queue,
+        cached=tuple(pair for pair in cache.cached if pair[1] not in filled),
+    )
+
+
 # --- nano-vllm rules (N1-N4) -----------------------------------------------------------
 
 

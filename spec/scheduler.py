@@ -52,6 +52,7 @@ from spec.profiles import (
     release_blocks,
     running_capped,
     step_token_limit,  # noqa: F401  (used by the PEP 316 contracts)
+    unkey_undone_chunk,
     victim_among_all_running,
     whole_sequence_admissible,
 )
@@ -321,7 +322,8 @@ def schedule_running(draft: StepDraft) -> StepDraft:
     the budget and stops once ``max_num_seqs`` requests are scheduled; the victim is
     ``profile_victim``'s, and under vllm-v1/priority-victim-any-running a victim already
     scheduled in this step has its chunk undone (its tokens back in the budget, its
-    blocks freed, out of the plan) and the walk goes on with the same request. Victims go
+    blocks freed, the keys the chunk gave them dropped first: vllm-v1/undone-chunk-unkeyed,
+    out of the plan) and the walk goes on with the same request. Victims go
     to the front of ``waiting`` one by one as they are preempted (so under ``lifo``
     the victims of one step stay in admission order there), or, swapped, to the tail
     of ``swapped``.
@@ -372,6 +374,14 @@ def schedule_running(draft: StepDraft) -> StepDraft:
                 budget += chunk.num_tokens
                 held += chunk.num_tokens
                 i -= 1
+                if cache is not None:  # vllm-v1/undone-chunk-unkeyed (V11)
+                    cache = unkey_undone_chunk(
+                        cache,
+                        victim.block_ids,
+                        start=chunk.start,
+                        end=chunk.start + chunk.num_tokens,
+                        block_size=bs,
+                    )
             after, mode, free, free_cpu, cache = release_victim(
                 victim,
                 held,

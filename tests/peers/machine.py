@@ -515,7 +515,7 @@ class PrefixPeerMachine(PeerMachine):
 
     def send(self, prompts: list[tuple[int, ...]], req: NewRequest) -> MultipleResults[str]:
         """Submit each prompt as is (nano-vllm: its first token too), with ``req``'s
-        parameters (no EOS), both cut to what R4 accepts: the prompt only past the cap,
+        parameters, both cut to what R4 accepts: the prompt only past the cap,
         so that it keeps its shared blocks, the outputs first."""
         accepted: list[str] = []
         with self.lockstep():
@@ -525,7 +525,7 @@ class PrefixPeerMachine(PeerMachine):
                 prompt_cap, total_cap = r4_caps(self.config)
                 cut = min(c for c in (prompt_cap, total_cap, len(whole)) if c is not None)
                 prompt = whole[:cut]
-                _, params = self.resolve(replace(req, prompt_len=len(prompt), eos=None))
+                _, params = self.resolve(replace(req, prompt_len=len(prompt)))
                 if total_cap is not None:
                     max_tokens = max(1, min(req.max_tokens, total_cap - len(prompt) + 1))
                     params = replace(params, max_tokens=max_tokens)
@@ -543,24 +543,25 @@ class PrefixPeerMachine(PeerMachine):
     @rule(
         target=REQUESTS,
         req=FITTING,
-        prefix_len=st.integers(1, SYSTEM_PROMPT_LEN),
-        exact_blocks=st.booleans(),
+        num_blocks=st.integers(1, 4),
+        own=st.integers(0, 8),
         copies=st.integers(1, 4),
     )
     @checked
     def add_shared_prefix(
-        self, req: NewRequest, prefix_len: int, exact_blocks: bool, copies: int
+        self, req: NewRequest, num_blocks: int, own: int, copies: int
     ) -> MultipleResults[str]:
-        """``copies`` prompts sharing the system prompt's first ``prefix_len`` tokens, at
-        least that long; or, ``exact_blocks``, the same whole blocks of it (N12, V10)."""
-        resolved, _ = self.resolve(req)
+        """The system prompt's first ``num_blocks`` blocks (of the largest block size at
+        most: it has 4), then each copy's own ``own`` tokens; none: the copies are the
+        same whole blocks (N12, and a full-prompt hit on exactly k blocks)."""
+        shared = min(num_blocks * self.config.block_size, SYSTEM_PROMPT_LEN)
         self.note("add: shared prefix")
         prompts = shared_prompts(
             self.system_prompt,
-            max(len(resolved), prefix_len),
+            shared + own,
             self.config.block_size,
-            prefix_len=prefix_len,
-            exact_blocks=exact_blocks,
+            prefix_len=shared,
+            exact_blocks=own == 0,
             copies=copies,
             salt=req.salt,
             vocab=VOCAB,

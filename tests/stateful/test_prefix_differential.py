@@ -28,8 +28,9 @@ from tests.stateful.strategies import INITIAL_REQUESTS, NewRequest, engine_confi
 from tests.stateful.test_engine_differential import REQUIRED, EngineDifferential, single_thread
 from tests.stateful.test_scheduler_differential import SchedulerDifferential
 
-#: kvsched twice, as in ``SEMANTICS`` (it has restart mode and every policy).
-ENGINE_SEMANTICS: Final = (Semantics.KVSCHED, Semantics.KVSCHED, Semantics.NANO_VLLM)
+#: Half the examples each (a third for nano-vllm left its decode-unbudgeted unreached in
+#: the ci run; kvsched still reaches all of its events in its half).
+ENGINE_SEMANTICS: Final = (Semantics.KVSCHED, Semantics.NANO_VLLM)
 
 
 class PrefixSchedulerDifferential(PrefixRules, SchedulerDifferential):
