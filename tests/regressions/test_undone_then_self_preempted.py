@@ -7,7 +7,9 @@ A still counted the undone victim's sample; the engine then failed the step
 (``SampledTokensError: step 3: 2 requests sample, the model runner returned 1 tokens``).
 The workload is tests/peers/repros/undone_chunk_keys.jsonl: V (priority 2) and X
 (priority 0) decode while R (priority 1) prefills; at step 3 R needs blocks, V's decode
-is undone and R then preempts itself.
+is undone and R then preempts itself. (Since vllm-v1/undone-chunk-unkeyed, docs/peers.md
+V11, the undone decode's key is dropped too, so Y's later hit stops short of V's
+unwritten block.)
 """
 
 from __future__ import annotations
