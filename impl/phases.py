@@ -63,12 +63,14 @@ def schedule_running(sched: Scheduler, out: SchedulerOutput, budget: int) -> int
             need = (end - 1) // bs + 1 - len(table)
             if need > free:
                 if sched.victim_any_running:
-                    undone = make_room_any_running(sched, out, i, need)
-                    preempted_itself = undone is None
-                    if undone is not None:
-                        budget += undone[0]
-                        i -= undone[1]
-                        capped -= undone[2]
+                    preempted_itself, tokens, count, not_sampled = make_room_any_running(
+                        sched, out, i, need
+                    )
+                    # Undone chunks leave the plan even when the request then
+                    # preempts itself (their samples must not be counted).
+                    budget += tokens
+                    i -= count
+                    capped -= not_sampled
                 else:
                     preempted_itself = make_room(sched, out, i, need)
                 if preempted_itself:
@@ -114,13 +116,14 @@ def make_room(sched: Scheduler, out: SchedulerOutput, index: int, need: int) -> 
 
 def make_room_any_running(
     sched: Scheduler, out: SchedulerOutput, index: int, need: int
-) -> tuple[int, int, int] | None:
+) -> tuple[bool, int, int, int]:
     """vllm-v1/priority-victim-any-running: ``make_room`` with victims among all of ``running``.
 
     A victim already scheduled in this step (below ``index``) loses its chunk: the
-    chunk leaves ``num_scheduled`` and its tokens return to the caller's budget.
-    Returns None if the victim was ``running[index]`` itself, else the undone chunks'
-    ``(tokens, count, how many of them did not sample)``.
+    chunk leaves ``num_scheduled``, its tokens return to the caller's budget and the
+    keys it gave its blocks go (vllm-v1/undone-chunk-unkeyed).
+    Returns whether the victim was at last ``running[index]`` itself, and the undone
+    chunks' ``(tokens, count, how many of them did not sample)``.
     """
     gpu = sched.gpu
     running = sched.running
@@ -130,7 +133,7 @@ def make_room_any_running(
         victim_index = sched.policy.select_victim(running, 0)
         if victim_index == index:
             preempt(sched, out, index)
-            return None
+            return True, tokens, count, capped
         if victim_index > index:
             preempt(sched, out, victim_index)
             continue
@@ -139,10 +142,14 @@ def make_room_any_running(
         tokens += n
         count += 1
         capped += victim.num_computed + n < victim.num_tokens
+        if sched.prefix_cache is not None:  # vllm-v1/undone-chunk-unkeyed (V11)
+            sched.prefix_cache.uncache_blocks(
+                victim.block_table, victim.num_computed, victim.num_computed + n
+            )
         preempt(sched, out, victim_index)
         out.preempted[-1].undone_chunk = n
         index -= 1
-    return tokens, count, capped
+    return False, tokens, count, capped
 
 
 def preempt(sched: Scheduler, out: SchedulerOutput, index: int) -> None:
@@ -283,11 +290,12 @@ def admit(sched: Scheduler, out: SchedulerOutput, budget: int) -> int:
         num_blocks = cdiv(start + n, bs) - len(hit)
         free = gpu.num_free_blocks
         # PC4: a hit on a free block takes it from the free queue too.
-        taken = num_blocks if cache is None else num_blocks + cache.num_evictable(hit)
-        if taken > free:
+        evictable = 0 if cache is None else cache.num_evictable(hit)
+        if num_blocks + evictable > free:
             break
-        # vllm-v1/full-sequence-admission: blocks for all its tokens must be free.
-        if full_sequence_gate and cdiv(seq.num_tokens, bs) > free:
+        # vllm-v1/full-sequence-admission: blocks for all its tokens must be free
+        # (-hits: the hit blocks are not asked for again, its free ones are, as above).
+        if full_sequence_gate and cdiv(seq.num_tokens, bs) - len(hit) + evictable > free:
             break
         if gate and not policy.can_admit(seq, n, running=running, num_free_blocks=free):
             break

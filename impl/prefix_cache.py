@@ -239,6 +239,13 @@ class PrefixCachingBlockManager:
             if self._journal is not None:
                 self._journal.append((_SET_KEY, block))
 
+    def uncache_blocks(self, table: list[int], num_computed: int, num_tokens: int) -> None:
+        """vllm-v1/undone-chunk-unkeyed: an undone chunk's blocks lose the keys
+        ``cache_blocks`` gave them when it was scheduled (no forward will write them)."""
+        bs = self.block_size
+        for block in table[num_computed // bs : num_tokens // bs]:
+            self._forget_key(block)
+
     def lookup(self, seq: Sequence) -> list[int]:
         """PC3: the blocks of the longest cached prefix, at most ``(num_tokens-1)//bs``."""
         bs = self.block_size

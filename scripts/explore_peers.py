@@ -8,23 +8,32 @@ The numbers in docs/peers.md ("how it was checked") come from this script::
     python scripts/explore_peers.py nano-vllm --runs 300
     python scripts/explore_peers.py nano-vllm --runs 400 --seed 3000 --fit --no-chunking
     python scripts/explore_peers.py nano-vllm --runs 300 --seed 8000 --shared-prefix
+    python scripts/explore_peers.py vllm --runs 300 --seed 8000 --shared-prefix
 
 Each run draws a small workload and config (block sizes 1-16, or 2-16 for nano-vllm;
 tight to roomy pools; budgets from ``max_num_seqs`` to 48; ``max_num_seqs`` 1-6; EOS or
 ``ignore_eos``; arrivals over steps 0-6). For nano-vllm every prompt starts with its own
-token, so its prefix cache cannot hit (docs/peers.md, N7), unless ``--shared-prefix``:
-then prefix caching is on on both sides and prompts share prefixes (``shared_prompts``).
+token, so its prefix cache cannot hit (docs/peers.md, N7), unless ``--shared-prefix``.
 ``--fit``: every request fits
 alone (the spec's R4 accepts it) and chunked prefill is on unless ``--no-chunking``.
 With ``--save DIR`` the first workload of each divergence kind is written there, and its
 ``kvsched conform`` command printed. This is exploration, not a test: the pinned
 reproductions are tests/peers/test_peers.py.
+
+``--shared-prefix`` turns prefix caching on on both sides (every profile may) and draws
+4 more requests whose prompts share prefixes (``shared_prompts``: system prompts cut
+anywhere or at whole blocks, prompts sent again, next turns); pools are tighter half
+the time, so cached blocks are reclaimed and preempted requests come back to their own
+freed blocks. Agreeing runs report the tokens their admissions hit (counted on the
+spec's plans; not with ``--aborts``), and every run the prefix-cache events of the steps
+both sides agreed on (``prefix_events``, nano-vllm's cache rules included).
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import json
 import random
 import re
@@ -40,19 +49,27 @@ from kvsched.peers.ours import SchedulerAdapter
 from kvsched.peers.protocol import SchedulerUnderTest
 from kvsched.workload import WorkloadRequest
 from spec.oracle import HashOracle
-from spec.types import ConfigError, SamplingParams, SchedulerConfig, Semantics
-from tests.stateful.nano_cache import nano_cache_events
+from spec.types import (
+    ConfigError,
+    InvalidRequestError,
+    SamplingParams,
+    SchedulerConfig,
+    Semantics,
+)
+from tests.stateful.prefix import prefix_events
 
 ORACLE_VOCAB = 8
 ORACLE = HashOracle(vocab_size=ORACLE_VOCAB)
 
 
-def shared_prompts(rng: random.Random, num_requests: int, max_prompt: int) -> list[list[int]]:
+def shared_prompts(
+    rng: random.Random, num_requests: int, max_prompt: int, block_size: int
+) -> list[list[int]]:
     """Prompts that share prefixes: 1-3 system prompts of 1-24 tokens, each request one of
-    them cut anywhere (whole blocks or not) plus a suffix of its own; one in five is an
-    earlier prompt again, and one in five an earlier prompt followed by what the oracle
-    answers it (the next turn of a chat, whose blocks a decode may have filled and keyed
-    already)."""
+    them cut anywhere (at a whole number of blocks three times in ten) plus a suffix of
+    its own; one in five is an earlier prompt again, and one in five an earlier prompt
+    followed by what the oracle answers it (the next turn of a chat, whose blocks a decode
+    may have filled and keyed already)."""
     systems = [
         [rng.randrange(1, 200) for _ in range(rng.randint(1, 24))] for _ in range(rng.randint(1, 3))
     ]
@@ -67,7 +84,10 @@ def shared_prompts(rng: random.Random, num_requests: int, max_prompt: int) -> li
                 prompt.append(ORACLE(tuple(prompt)))
         else:
             system = rng.choice(systems)
-            prompt = system[: rng.randint(0, len(system))]
+            cut = rng.randint(0, len(system))
+            if rng.random() < 0.3 and len(system) >= block_size:
+                cut = len(system) // block_size * block_size
+            prompt = system[:cut]
             prompt += [rng.randrange(1, 200) for _ in range(rng.randint(0, max_prompt))]
             prompt = prompt or [rng.randrange(1, 200)]
         prompts.append(prompt)
@@ -90,9 +110,10 @@ def draw(
     max_num_seqs = rng.randint(1, 6)
     budget = rng.randint(max_num_seqs, 48)
     eos = rng.choice([None, 3])
-    workload = []
-    num_requests = rng.randint(1, 8)
-    shared = shared_prompts(rng, num_requests, max_prompt) if shared_prefix else []
+    workload: list[WorkloadRequest] = []
+    # Drawn only here, so the other modes keep their runs (docs/peers.md's seeds).
+    num_requests = rng.randint(1, 8) + (4 if shared_prefix else 0)
+    shared = shared_prompts(rng, num_requests, max_prompt, block_size) if shared_prefix else []
     for i in range(num_requests):
         if shared_prefix:
             prompt = shared[i]
@@ -116,6 +137,8 @@ def draw(
         )
     need = max(-(-(len(r.prompt) + r.params.max_tokens) // block_size) for r in workload)
     blocks = max(1, need + rng.randint(-1, 3)) if rng.random() < 0.7 else need * 3
+    if shared_prefix and rng.random() < 0.5:
+        blocks = max(1, need // 2 + rng.randint(0, need))  # tight: reclaims, preemptions
     chunked = rng.random() < 0.8
     if fit:
         blocks, chunked = max(blocks, need), True
@@ -128,10 +151,28 @@ def draw(
         max_num_seqs=max_num_seqs,
         enable_chunked_prefill=chunked and chunking and semantics is not Semantics.NANO_VLLM,
         policy=policy,
-        enable_prefix_caching=shared_prefix,
         semantics=semantics,
+        enable_prefix_caching=shared_prefix,
     )
     return config, workload
+
+
+def hit_tokens(config: SchedulerConfig, workload: list[WorkloadRequest]) -> int:
+    """The tokens the admissions of a run hit, on the spec's plans (for an agreeing run,
+    the peer's too: lockstep compared every chunk's start)."""
+    oracle = HashOracle(vocab_size=ORACLE_VOCAB)
+    state = spec.init_state(config)
+    pending = sorted(workload, key=lambda r: r.arrival_step)
+    hits = 0
+    while pending or spec.has_unfinished_requests(state):
+        while pending and pending[0].arrival_step <= state.num_steps:
+            r = pending.pop(0)
+            with contextlib.suppress(InvalidRequestError):
+                state = spec.add_request(state, r.request_id, r.prompt, r.params)
+        waiting = {r.request_id for r in state.waiting}
+        state, plan = spec.step(state, oracle)
+        hits += sum(c.start for c in plan.scheduled if c.request_id in waiting)
+    return hits
 
 
 def run_with_aborts(
@@ -145,11 +186,13 @@ def run_with_aborts(
 ) -> LockstepReport:
     """Like ``run_workload``, plus: before each step, with probability ``p_abort``, abort
     a random live request (waiting, running or preempted) not aborted before, and
-    re-add its id later. ``events`` collects the nano-vllm cache rules' coverage events
-    of the steps both sides agreed on (tests/stateful/nano_cache.py)."""
+    re-add its id later. ``events`` collects the prefix-cache events of the steps both
+    sides agreed on (tests/stateful/prefix.py's ``prefix_events``)."""
     lock = Lockstep(peer, config, ORACLE)
     pending = sorted(workload, key=lambda r: r.arrival_step)
     aborted: set[str] = set()
+    victim_blocks: dict[int, frozenset[int]] = {}
+    finished_prompts: set[tuple[int, ...]] = set()
     divergence: Divergence | None = None
     try:
         while pending or lock.unfinished():
@@ -185,7 +228,19 @@ def run_with_aborts(
             before = lock.state
             plan = lock.step()
             if events is not None:
-                events.update(nano_cache_events(before, spec.schedule(before)[0], plan, lock.state))
+                mid = spec.schedule(before)[0]
+                events.update(
+                    prefix_events(
+                        before,
+                        mid,
+                        plan,
+                        lock.state,
+                        victim_blocks=victim_blocks,
+                        prompts_sent_before=finished_prompts,
+                    )
+                )
+                prompts = {r.request_id: r.request.prompt_token_ids for r in mid.running}
+                finished_prompts.update(prompts[f.request_id] for f in plan.finished)
         lock.finish()
     except Diverged as e:
         divergence = e.divergence
@@ -235,7 +290,7 @@ def main() -> int:
     kinds: collections.Counter[str] = collections.Counter()
     runs_with: collections.Counter[str] = collections.Counter()  # runs that met each event
     examples: dict[str, str] = {}
-    agree = steps = 0
+    agree = steps = hits = 0
     started = time.perf_counter()
     semantics = PROFILES[args.peer] if args.semantics is None else Semantics(args.semantics)
     for k in range(args.runs):
@@ -268,6 +323,8 @@ def main() -> int:
         steps += report.steps
         if report.divergence is None:
             agree += 1
+            if config.enable_prefix_caching and not args.aborts:  # the replay has no aborts
+                hits += hit_tokens(config, workload)
             continue
         kind = re.sub(r"\[\d+\]", "[i]", re.sub(r"\('r\d+'\)", "(...)", report.divergence.field))
         bug = classify(args.peer, report.divergence)
@@ -285,7 +342,7 @@ def main() -> int:
     seconds = time.perf_counter() - started
     print(
         f"{args.peer} under {semantics}: {args.runs} runs, {agree} agree, {steps} steps, "
-        f"{seconds:.0f} s"
+        f"{seconds:.0f} s" + (f", {hits} tokens hit in agreeing runs" if hits else "")
     )
     for kind, count in kinds.most_common():
         print(f"{count:5d}  {kind}")

@@ -663,8 +663,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "block more than is free",
         (
             PHASES,
-            "        if full_sequence_gate and cdiv(seq.num_tokens, bs) > free:\n",
-            "        if full_sequence_gate and cdiv(seq.num_tokens, bs) > free + 1:\n",
+            "cdiv(seq.num_tokens, bs) - len(hit) + evictable > free:\n",
+            "cdiv(seq.num_tokens, bs) - len(hit) + evictable > free + 1:\n",
         ),
         expect=DIVERGES,
     ),
@@ -768,10 +768,14 @@ MUTANTS: tuple[Mutant, ...] = (
         "with its hit waits",
         (
             SPEC_SCHED,
-            "        if n == 0 or not full_sequence_fits(config, request, free):\n",
+            "        if n == 0 or not full_sequence_fits(\n"
+            "            config, request, free, num_hit=len(hit), num_evictable=evictable\n"
+            "        ):\n",
             "        if (\n"
             "            n == 0\n"
-            "            or not full_sequence_fits(config, request, free)\n"
+            "            or not full_sequence_fits(\n"
+            "                config, request, free, num_hit=len(hit), num_evictable=evictable\n"
+            "            )\n"
             "            or not prefill_fit(\n"
             "                request, config, start=0, num_hit=0, budget=budget, free=free\n"
             "            )\n"
@@ -779,9 +783,9 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
         (
             PHASES,
-            "        if taken > free:\n",
+            "        if num_blocks + evictable > free:\n",
             "        if (\n"
-            "            taken > free\n"
+            "            num_blocks + evictable > free\n"
             "            or (seq.num_tokens > budget and not config.enable_chunked_prefill)\n"
             "            or cdiv(min(seq.num_tokens, budget), bs) > free\n"
             "        ):\n",
@@ -791,6 +795,19 @@ MUTANTS: tuple[Mutant, ...] = (
         # Rule P with hits is what sees the head that fits but waits.
         expect=("no_idle_wait",),
         common_mode=True,
+    ),
+    mutant(
+        "vllm-gate-ignores-hit",
+        "vllm-v1/full-sequence-admission-hits: the gate asks for the whole sequence's blocks "
+        "without crediting the cache hit (V2's gate alone)",
+        (
+            PHASES,
+            "if full_sequence_gate and cdiv(seq.num_tokens, bs) - len(hit) + evictable > free:",
+            "if full_sequence_gate and cdiv(seq.num_tokens, bs) > free:",
+        ),
+        # The engine machine with caching draws no vllm-v1 config.
+        machines=("prefix-scheduler",),
+        expect=DIVERGES,
     ),
     mutant(
         "prefix-rollback-skips-cached-kv",

@@ -253,6 +253,15 @@ def _find(before: SchedulerState, request_id: str) -> RequestState:
     return next(r for r in (*before.swapped, *before.waiting) if r.request_id == request_id)
 
 
+def _hit(request: RequestState, left: _Left, bs: int) -> tuple[int, int]:
+    """``request``'s hit in the pool ``left`` (PC3), in blocks, and how many of those
+    blocks sit in the free queue (PC4); ``(0, 0)`` with caching off."""
+    if left.cache is None:
+        return 0, 0
+    hit = longest_hit(left.cache, request_tokens(request), bs)
+    return len(hit), num_evictable(left.cache, hit)
+
+
 def _fits(request: RequestState, config: SchedulerConfig, left: _Left) -> int:
     """The chunk ``request`` would get from what is ``left``, or 0 if it does not fit.
 
@@ -264,14 +273,10 @@ def _fits(request: RequestState, config: SchedulerConfig, left: _Left) -> int:
     if left.seats <= 0 or left.budget <= 0:
         return 0
     bs = config.block_size
-    hit: tuple[int, ...] = ()
-    if left.cache is not None:
-        hit = longest_hit(left.cache, request_tokens(request), bs)
-    start = request.num_computed_tokens + len(hit) * bs
+    num_hit, evictable = _hit(request, left, bs)
+    start = request.num_computed_tokens + num_hit * bs
     n = chunk_for_prefill(request.num_tokens - start, left.budget, config.enable_chunked_prefill)
-    need = cdiv(start + n, bs) - len(hit)
-    if left.cache is not None:
-        need += num_evictable(left.cache, hit)
+    need = cdiv(start + n, bs) - num_hit + evictable
     if n > left.budget or need > left.free:
         return 0
     return n
@@ -290,7 +295,7 @@ def progress_violations(before: SchedulerState, plan: StepPlan) -> tuple[str, ..
     - **waiting** (which holds recomputed and restarted victims at its front), once
       ``swapped`` is empty after phase B: the first waiting request, in the policy's
       order, that was not admitted does not fit what phases A and B and the earlier
-      admissions left, or vllm-v1/full-sequence-admission's gate,
+      admissions left, or vllm-v1/full-sequence-admission's gate (with its hit credit),
       nano-vllm/admission-tests-len-seq's or the policy's gate refuses it.
 
     **With prefix caching on** (no swap then), "fits" is PC4's test on the pool *as the
@@ -350,9 +355,12 @@ def progress_violations(before: SchedulerState, plan: StepPlan) -> tuple[str, ..
             continue
         left = _left_after(before, plan, upto)
         n = _fits(request, config, left)
+        num_hit, evictable = _hit(request, left, config.block_size)
         if (
             n
-            and full_sequence_fits(config, request, left.free)
+            and full_sequence_fits(
+                config, request, left.free, num_hit=num_hit, num_evictable=evictable
+            )
             and whole_sequence_admissible(config, request, left.budget, left.free)
             and policy.can_admit(_view(before, plan, upto, left), request, n)
         ):

@@ -73,7 +73,14 @@ def length_capped(
 # --- vllm-v1/full-sequence-admission (V2) ----------------------------------------------
 
 
-def full_sequence_fits(config: SchedulerConfig, request: RequestState, free: int) -> bool:
+def full_sequence_fits(
+    config: SchedulerConfig,
+    request: RequestState,
+    free: int,
+    *,
+    num_hit: int = 0,
+    num_evictable: int = 0,
+) -> bool:
     """Phase C's gate under **vllm-v1/full-sequence-admission**; always True otherwise.
 
     A waiting (or preempted) request is admitted only if the blocks of *all* its
@@ -83,12 +90,24 @@ def full_sequence_fits(config: SchedulerConfig, request: RequestState, free: int
     kvsched asks only for the chunk's ``cdiv(n, bs)`` blocks. (vLLM caps the count at
     ``max_model_len``, which a live request never reaches.)
 
+    **vllm-v1/full-sequence-admission-hits** (V9, with prefix caching): the request's
+    cache hit of ``num_hit`` blocks (PC3) is not asked for again, but the
+    ``num_evictable`` of them that sit in the free queue are, as PC4 counts them:
+    ``cdiv(num_tokens, bs) - num_hit + num_evictable <= free``
+    (``get_num_blocks_to_allocate`` with the whole sequence and the hit,
+    ``v1/core/kv_cache_manager.py:522-539``, ``v1/core/single_type_kv_cache_manager.py:213-265``).
+    kvsched, without the gate, admits a candidate whose chunk fits though the rest of
+    its sequence does not (docs/peers.md V9).
+
     pre: free >= 0
+    pre: 0 <= num_evictable <= num_hit
+    pre: num_hit * config.block_size < request.num_tokens
     post: config.semantics is Semantics.VLLM_V1 or __return__
-    """
+    post: __return__ == (config.semantics is not Semantics.VLLM_V1 or cdiv(request.num_tokens, config.block_size) - num_hit + num_evictable <= free)
+    """  # noqa: E501
     if config.semantics is not Semantics.VLLM_V1:
         return True
-    return cdiv(request.num_tokens, config.block_size) <= free
+    return cdiv(request.num_tokens, config.block_size) - num_hit + num_evictable <= free
 
 
 # --- vllm-v1/priority-victim-any-running (V3) ------------------------------------------
@@ -107,6 +126,44 @@ def victim_among_all_running(config: SchedulerConfig) -> bool:
     post: __return__ == (config.semantics is Semantics.VLLM_V1 and config.policy == "priority")
     """
     return config.semantics is Semantics.VLLM_V1 and config.policy == "priority"
+
+
+def unkey_undone_chunk(
+    cache: PrefixCacheState,
+    block_ids: tuple[int, ...],
+    *,
+    start: int,
+    end: int,
+    block_size: int,
+) -> PrefixCacheState:
+    """**vllm-v1/undone-chunk-unkeyed** (V11): an undone chunk ``start .. end`` gives
+    back the keys it gave its blocks ``block_ids``.
+
+    PC2 keys the blocks a chunk fills when it is scheduled, before any forward writes
+    them. When vllm-v1/priority-victim-any-running undoes the chunk, no forward ever
+    will, so the blocks it filled (full at ``end``, not at ``start``) leave the cache
+    before the victim frees them (unkeyed, they go to the head of the free queue, PC6).
+    vLLM keeps their hashes (``kv_cache_manager.py:606-616`` keys at scheduling,
+    ``scheduler.py:1571-1613`` frees keeping them): usually the request that needed the
+    blocks takes them straight back, but when it then preempts itself a later request
+    can hit a block whose K/V no forward wrote. That is a bug in the peer
+    (docs/peers.md V11), which the profile does not copy; lockstep classifies the
+    divergence it makes (``kvsched.peers.known.V11``).
+
+    pre: block_size >= 1
+    pre: 0 <= start <= end
+    pre: end // block_size <= len(block_ids)
+    post: __return__.free_queue == cache.free_queue
+    post: set(__return__.cached) <= set(cache.cached)
+    post: not {block for _, block in __return__.cached} & set(block_ids[start // block_size : end // block_size])
+    """  # noqa: E501
+    filled = set(block_ids[start // block_size : num_full_blocks(end, block_size)])
+    if not filled:
+        return cache
+    return PrefixCacheState(
+        free_queue=cache.free_queue,
+        cached=tuple(pair for pair in cache.cached if pair[1] not in filled),
+    )
 
 
 # --- nano-vllm rules (N1-N4) -----------------------------------------------------------

@@ -52,6 +52,7 @@ from spec.profiles import (
     release_blocks,
     running_capped,
     step_token_limit,  # noqa: F401  (used by the PEP 316 contracts)
+    unkey_undone_chunk,
     victim_among_all_running,
     whole_sequence_admissible,
 )
@@ -321,7 +322,8 @@ def schedule_running(draft: StepDraft) -> StepDraft:
     the budget and stops once ``max_num_seqs`` requests are scheduled; the victim is
     ``profile_victim``'s, and under vllm-v1/priority-victim-any-running a victim already
     scheduled in this step has its chunk undone (its tokens back in the budget, its
-    blocks freed, out of the plan) and the walk goes on with the same request. Victims go
+    blocks freed, the keys the chunk gave them dropped first: vllm-v1/undone-chunk-unkeyed,
+    out of the plan) and the walk goes on with the same request. Victims go
     to the front of ``waiting`` one by one as they are preempted (so under ``lifo``
     the victims of one step stay in admission order there), or, swapped, to the tail
     of ``swapped``.
@@ -372,6 +374,14 @@ def schedule_running(draft: StepDraft) -> StepDraft:
                 budget += chunk.num_tokens
                 held += chunk.num_tokens
                 i -= 1
+                if cache is not None:  # vllm-v1/undone-chunk-unkeyed (V11)
+                    cache = unkey_undone_chunk(
+                        cache,
+                        victim.block_ids,
+                        start=chunk.start,
+                        end=chunk.start + chunk.num_tokens,
+                        block_size=bs,
+                    )
             after, mode, free, free_cpu, cache = release_victim(
                 victim,
                 held,
@@ -541,7 +551,8 @@ def admit_waiting(draft: StepDraft) -> StepDraft:
     2. ``n = min(num_tokens, budget)`` with chunked prefill on, else ``n = num_tokens``,
        and stop if ``n > budget``;
     3. stop if ``cdiv(n, bs) > free``, or (vllm-v1/full-sequence-admission) if
-       ``cdiv(num_tokens, bs) > free``, or if the policy's admission gate refuses it
+       ``cdiv(num_tokens, bs) > free`` (with a cache hit: less the hit blocks, plus
+       those of them that are free), or if the policy's admission gate refuses it
        (nano-vllm/admission-tests-len-seq: also if ``num_tokens > budget``);
     4. else it leaves ``waiting``, goes to the tail of ``running``, and chunk (r, n) is
        scheduled (a preempted request re-prefills prompt + kept outputs).
@@ -586,7 +597,9 @@ def admit_waiting(draft: StepDraft) -> StepDraft:
         n = prefill_fit(
             request, config, start=start, num_hit=len(hit), budget=budget, free=free - evictable
         )
-        if n == 0 or not full_sequence_fits(config, request, free):
+        if n == 0 or not full_sequence_fits(
+            config, request, free, num_hit=len(hit), num_evictable=evictable
+        ):
             break
         gpu_blocks = cdiv(start + n, bs) - len(hit)
         # The default gate never refuses; skip building the view it would ignore.

@@ -121,8 +121,9 @@ class SchedulerConfig:
     reproduces the seed tutorial's per-token slots. ``policy`` names a registered
     scheduling policy (``lifo`` is vLLM's and the seed's default).
     ``enable_prefix_caching`` shares full KV blocks between requests with equal token
-    prefixes (PC1-PC9 in docs/semantics.md); it is off by default here (vLLM V1 turns
-    it on) and cannot be combined with swap preemption (vLLM V1 has no swap).
+    prefixes (PC1-PC9 in docs/semantics.md, each peer profile's own rules in
+    spec.profiles); it is off by default here (vLLM V1 turns it on) and cannot be
+    combined with swap preemption (vLLM V1 has no swap).
     """
 
     num_gpu_blocks: int
@@ -164,12 +165,6 @@ class SchedulerConfig:
         except ValueError:
             known = ", ".join(s.value for s in Semantics)
             raise ConfigError(f"unknown semantics {self.semantics!r} (known: {known})") from None
-        if self.enable_prefix_caching and self.semantics is Semantics.VLLM_V1:
-            # PC1-PC9 are the kvsched profile's; each peer's caching is compared first.
-            # nano-vllm's is modelled (its rules in spec.profiles, N7/N8).
-            raise ConfigError(
-                f"enable_prefix_caching: only in the kvsched profile so far, not {self.semantics}"
-            )
         if self.semantics is Semantics.VLLM_V1:
             self._check_vllm_v1()
         else:

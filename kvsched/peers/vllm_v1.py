@@ -10,7 +10,11 @@ Mapping of the spec's config (docs/peers.md lists what has no counterpart):
   pool gets ``num_gpu_blocks + 1``;
 - ``policy``: ``lifo`` is vLLM's ``fcfs`` (victim = last running), ``priority`` is
   ``priority``; ``preemption_mode`` must be ``recompute`` (vLLM V1 has no swap);
-- prefix caching is off: the spec has none yet;
+- prefix caching (``enable_prefix_caching``): vLLM's own, each ``Request`` hashing its
+  full blocks as ``EngineCore`` sets it up; its pool is projected onto the spec's
+  ``PrefixCacheState`` exactly (block id ``b`` is the spec's ``b - 1``: vLLM's null block
+  is 0 and never free; the free queue in order; each hashed block with the token prefix
+  its hash chains, in the order vLLM hashed them);
 - ``max_model_len``: the config's (the ``vllm-v1`` profile always has one); under
   another profile, with chunked prefill on, the local model config's
   ``max_position_embeddings`` (``MAX_MODEL_LEN``), larger than any workload here, so
@@ -33,7 +37,6 @@ from pathlib import Path
 from typing import Any
 
 from kvsched.peers.protocol import (
-    Hidden,
     Observation,
     PeerFailure,
     PeerNotInstalledError,
@@ -48,6 +51,7 @@ from spec.types import (
     InvalidMaxTokensError,
     Preemption,
     PreemptionMode,
+    PrefixCacheState,
     Request,
     RequestState,
     RequestTooLargeError,
@@ -247,6 +251,39 @@ class VllmAdapter:
             preempt(request, *args, **kwargs)
 
         self.scheduler._preempt_request = recording_preempt
+        # Prefix caching: each cached block's key (the token prefix its hash chains) and
+        # the order blocks got their keys, observed as vLLM caches them (never changed).
+        self._keys: dict[int, tuple[tuple[int, ...], int]] = {}  # vLLM block id -> (key, order)
+        self._num_keyed = 0
+        if config.enable_prefix_caching:
+            pool = self.scheduler.kv_cache_manager.block_pool
+            cache_full_blocks = pool.cache_full_blocks
+
+            def recording_cache_full_blocks(
+                request: Any,
+                blocks: list[Any],
+                num_cached_blocks: int,
+                num_full_blocks: int,
+                block_size: int,
+                *args: Any,
+                **kwargs: Any,
+            ) -> None:
+                new = [
+                    (index, block)
+                    for index, block in enumerate(blocks[:num_full_blocks])
+                    if index >= num_cached_blocks and block.block_hash is None
+                ]
+                cache_full_blocks(
+                    request, blocks, num_cached_blocks, num_full_blocks, block_size, *args, **kwargs
+                )
+                tokens = tuple(request.all_token_ids)
+                for index, block in new:
+                    if block.block_hash is not None:
+                        key = tokens[: (index + 1) * block_size]
+                        self._keys[block.block_id] = (key, self._num_keyed)
+                        self._num_keyed += 1
+
+            pool.cache_full_blocks = recording_cache_full_blocks
 
     # --- requests -------------------------------------------------------------------
 
@@ -365,32 +402,52 @@ class VllmAdapter:
 
     # --- the spec's view ------------------------------------------------------------
 
-    def _state_of(self, request: Any) -> RequestState:
+    def _state_of(self, request: Any, table: Sequence[Any]) -> RequestState:
         return RequestState(
             request=self.spec_requests[request.request_id],
             output_token_ids=tuple(request.output_token_ids),
             num_computed_tokens=request.num_computed_tokens,
             num_preemptions=request.num_preemptions,
+            block_ids=self._block_ids(table) if self.config.enable_prefix_caching else (),
+        )
+
+    @staticmethod
+    def _block_ids(blocks: Sequence[Any]) -> tuple[int, ...]:
+        """vLLM's block ids as the spec's: its null block is 0, usable blocks 1..N (PC1)."""
+        return tuple(block.block_id - 1 for block in blocks)
+
+    def _prefix_cache(self) -> PrefixCacheState:
+        """vLLM's pool as PC1's: the free queue head first, the keyed blocks in key order.
+
+        A block is keyed while its ``block_hash`` is set (vLLM drops it on reclaim, in
+        ``get_new_blocks``); its key is the prefix whose hash chain named it, recorded
+        when ``cache_full_blocks`` gave it.
+        """
+        pool = self.scheduler.kv_cache_manager.block_pool
+        keyed = sorted(
+            (self._keys[block.block_id][1], self._keys[block.block_id][0], block.block_id - 1)
+            for block in pool.blocks
+            if block.block_hash is not None
+        )
+        return PrefixCacheState(
+            free_queue=self._block_ids(pool.free_block_queue.get_all_free_blocks()),
+            cached=tuple((key, block) for _, key, block in keyed),
         )
 
     def observe(self) -> Observation:
         s = self.scheduler
         manager = s.kv_cache_manager
-        blocks = {
-            rid: len(manager.coordinator.single_type_managers[0].req_to_blocks.get(rid, ()))
-            for rid in self.requests
-        }
+        tables = manager.coordinator.single_type_managers[0].req_to_blocks
+        blocks = {rid: len(tables.get(rid, ())) for rid in self.requests}
+        caching = self.config.enable_prefix_caching
         state = SchedulerState(
             config=self.config,
             num_free_gpu_blocks=manager.block_pool.get_num_free_blocks(),
             num_free_cpu_blocks=0,
-            waiting=tuple(self._state_of(r) for r in s.waiting),
-            running=tuple(self._state_of(r) for r in s.running),
+            waiting=tuple(self._state_of(r, ()) for r in s.waiting),
+            running=tuple(self._state_of(r, tables.get(r.request_id, ())) for r in s.running),
             next_arrival=self.next_arrival,
             num_steps=self.num_steps,
+            prefix_cache=self._prefix_cache() if caching else None,
         )
-        # Its pool (null block, ids, hash map) is not projected onto PC1 yet.
-        hidden = (
-            frozenset({Hidden.PREFIX_POOL}) if self.config.enable_prefix_caching else frozenset()
-        )
-        return Observation(state=state, blocks=blocks, hidden=hidden)
+        return Observation(state=state, blocks=blocks)

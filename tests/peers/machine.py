@@ -19,14 +19,16 @@ block sizes 1-16 (nano-vllm >= 2), pools of 8-64 tokens, budgets from 1 (vLLM: f
 from 1, chunked prefill on or off (nano-vllm: off, N2), ``lifo`` (vLLM also ``priority``),
 recompute only (V7), vLLM's ``max_model_len`` drawn or its default (>= 2).
 
-nano-vllm's prefix cache is always on. The suite's rules give every request its own first
-token (never reused within an example), so no two of their requests share a first block
-and none of them hits; "identical" requests differ only there. ``NanoPrefixRules`` adds
-the requests that do share prefixes (N7): the example's system prompt cut anywhere
-under suffixes of their own, earlier prompts sent again, and an earlier prompt followed
-by the oracle's answer to it (the next turn of a chat). The nano-vllm machine turns
-prefix caching on in the spec (the ``nano-vllm`` profile's cache rules, spec/profiles.py),
-so every hit, key and free-queue position is compared with nano-vllm's own pool.
+``PrefixPeerMachine`` turns prefix caching on and adds the requests that share prefixes
+(N7, V9-V11): the example's system prompt cut anywhere (or at whole blocks) under
+suffixes of their own, earlier prompts sent again, and an earlier prompt followed by the
+oracle's answer to it (the next turn of a chat). Lockstep then compares the peer's pool
+too (ids, free queue order, keys: each adapter projects it onto ``PrefixCacheState``),
+so every hit, key and free-queue position is held to the profile's cache rules
+(spec/profiles.py). vLLM runs without it (``VllmMachine``) and with it
+(``VllmPrefixMachine``); nano-vllm caches always, so its machine is a prefix machine.
+The suite's rules give nano-vllm's requests each their own first token (never reused
+within an example), so none of them hits; "identical" requests differ only there.
 nano-vllm has one EOS for the engine, drawn per example.
 
 A divergence fails the example with ``describe``'s report, and Hypothesis shrinks it to
@@ -60,11 +62,18 @@ from kvsched.peers import PROFILES, make_peer
 from kvsched.peers.known import KnownBug, classify
 from kvsched.peers.lockstep import Diverged, Lockstep, describe
 from spec.oracle import HashOracle
-from spec.types import RequestState, SamplingParams, SchedulerConfig, StepPlan
+from spec.types import RequestState, SamplingParams, SchedulerConfig, SchedulerState, StepPlan
 from tests.stateful.base import REQUESTS, RecordedMachine, checked
 from tests.stateful.failures import fail
 from tests.stateful.machine import ProgressKey, drain_bound, progress_key
-from tests.stateful.nano_cache import NANO_CACHE_EVENTS, nano_cache_events
+from tests.stateful.nano_cache import NANO_CACHE_EVENTS
+from tests.stateful.prefix import (
+    PREFIX_EVENTS,
+    SYSTEM_PROMPT_LEN,
+    prefix_events,
+    shared_prompts,
+    system_prompt,
+)
 from tests.stateful.rules import abort_label, find_live
 from tests.stateful.step import profile_events, step_events
 from tests.stateful.strategies import (
@@ -73,6 +82,7 @@ from tests.stateful.strategies import (
     NewRequest,
     fit_sizes,
     profile_configs,
+    r4_caps,
 )
 from tests.stateful.toy import toy_solo
 
@@ -140,9 +150,25 @@ REQUIRED_VLLM: Final = {
     "abort: running mid-prefill",
 }
 
+#: With prefix caching (``VllmPrefixMachine``): every prefix event of the stateful suite
+#: (tests/stateful/prefix.py) against vLLM's own cache. Not required: the
+#: full-sequence gate holding a request back (vllm-v1/full-sequence-admission, with or
+#: without a hit), reached in one step of the ci run; its repros check it
+#: (tests/peers/repros/full_sequence_hit_*.jsonl).
+REQUIRED_VLLM_PREFIX: Final = {
+    "config: prefix caching on",
+    "preempt: recompute",
+    "chunked prefill: partial chunk",
+    "finish: length",
+    "vllm-v1/max-model-len: length at max_model_len",
+    *PREFIX_EVENTS,
+}
+
 
 class PeerMachine(RecordedMachine):
     PEER: ClassVar[str]
+    #: Configs with ``enable_prefix_caching`` (``PrefixPeerMachine``).
+    PREFIX_CACHING: ClassVar[bool] = False
 
     def __init__(self) -> None:
         super().__init__()
@@ -157,7 +183,11 @@ class PeerMachine(RecordedMachine):
 
     @initialize(
         target=REQUESTS,
-        config=st.runner().flatmap(lambda machine: profile_configs(PROFILES[machine.PEER])),
+        config=st.runner().flatmap(
+            lambda machine: profile_configs(
+                PROFILES[machine.PEER], prefix_caching=machine.PREFIX_CACHING
+            )
+        ),
         eos=st.integers(0, VOCAB - 1),
         initial=st.lists(FITTING, min_size=1, max_size=8),
     )
@@ -165,25 +195,21 @@ class PeerMachine(RecordedMachine):
     def init_peer(
         self, config: SchedulerConfig, eos: int, initial: list[NewRequest]
     ) -> MultipleResults[str]:
-        if self.PEER == "nano-vllm":
-            # nano-vllm caches always. A hit needs the request it shares blocks with
-            # still running, and nano-vllm admits a request only when its whole prompt
-            # fits the budget and all its blocks are free, hit or not (N8): in the
-            # suite's configs (pools of 8-64 tokens, budgets mostly below a block or
-            # two) requests that share a prefix almost never run together. So examples
-            # with an even pool get a roomy one: four times the blocks, a budget of the
-            # whole pool, at least 4 requests a step; the others keep the suite's config
-            # (and its pressure).
-            if config.num_gpu_blocks % 2 == 0:
-                blocks = config.num_gpu_blocks * 4
-                config = replace(
-                    config,
-                    num_gpu_blocks=blocks,
-                    max_num_batched_tokens=blocks * config.block_size,
-                    max_num_seqs=max(config.max_num_seqs, 4),
-                )
-            config = replace(config, enable_prefix_caching=True)
-            self.note("config: prefix caching on")
+        # nano-vllm caches always. A hit needs the request it shares blocks with still
+        # running, and nano-vllm admits a request only when its whole prompt fits the
+        # budget and all its blocks are free, hit or not (N8): in the suite's configs
+        # (pools of 8-64 tokens, budgets mostly below a block or two) requests that share
+        # a prefix almost never run together. So its examples with an even pool get a
+        # roomy one: four times the blocks, a budget of the whole pool, at least 4
+        # requests a step; the others keep the suite's config (and its pressure).
+        if self.PEER == "nano-vllm" and config.num_gpu_blocks % 2 == 0:
+            blocks = config.num_gpu_blocks * 4
+            config = replace(
+                config,
+                num_gpu_blocks=blocks,
+                max_num_batched_tokens=blocks * config.block_size,
+                max_num_seqs=max(config.max_num_seqs, 4),
+            )
         self.config = config
         self.eos = eos
         peer = make_peer(self.PEER, config, eos_token_id=eos)
@@ -195,6 +221,7 @@ class PeerMachine(RecordedMachine):
         self.note(f"config: chunked prefill {'on' if config.enable_chunked_prefill else 'off'}")
         if config.max_num_seqs == 1:
             self.note("config: max_num_seqs=1")
+        self.start_cache(config)
         accepted: list[str] = []
         with self.lockstep():
             accepted = self.add_all(initial)
@@ -271,8 +298,17 @@ class PeerMachine(RecordedMachine):
         self.record.stats.steps += 1
         self.note_all(step_events(self.config, before, plan, self.lock.state))
         self.note_all(profile_events(before, mid, plan))
-        self.note_all(nano_cache_events(before, mid, plan, self.lock.state))
+        self.note_all(self.cache_events(before, mid, plan))
         return plan
+
+    def start_cache(self, config: SchedulerConfig) -> None:
+        """Set up what the prefix-caching rules need (``PrefixPeerMachine``)."""
+
+    def cache_events(
+        self, before: SchedulerState, mid: SchedulerState, plan: StepPlan
+    ) -> Iterable[str]:
+        """The prefix-cache events of a step (``PrefixPeerMachine``)."""
+        return ()
 
     def note_all(self, labels: Iterable[str]) -> None:
         for label in labels:
@@ -442,45 +478,66 @@ class PeerMachine(RecordedMachine):
             self.lock.finish()
 
 
-#: The system prompt's length: 4 blocks of the largest block size.
-SYSTEM_PROMPT_LEN: Final = 4 * 16
+class PrefixPeerMachine(PeerMachine):
+    """A peer machine with prefix caching on and requests that share prefixes (N7, N8,
+    N12; V9-V11): the example's system prompt (tests/stateful/prefix.py's
+    ``shared_prompts``), prompts sent again (after they finished, were preempted or had
+    their blocks reclaimed) and next turns. Its events are the stateful suite's prefix
+    events (nano-vllm's cache rules included), from the spec's states (lockstep has just
+    found the peer's pool equal to them)."""
 
+    PREFIX_CACHING = True
+    system_prompt: tuple[int, ...] = ()
 
-class NanoPrefixRules(PeerMachine):
-    """Requests that share prefixes, for nano-vllm's prefix cache (N7, N8, N12)."""
+    def start_cache(self, config: SchedulerConfig) -> None:
+        self.system_prompt = system_prompt(config, VOCAB)
+        self.victim_blocks: dict[int, frozenset[int]] = {}
+        self.sent: list[tuple[tuple[int, ...], NewRequest]] = []
+        self.finished_prompts: set[tuple[int, ...]] = set()
+        self.note("config: prefix caching on")
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.prompts: list[tuple[tuple[int, ...], NewRequest]] = []
-        self._system_prompt: tuple[int, ...] = ()
+    def cache_events(
+        self, before: SchedulerState, mid: SchedulerState, plan: StepPlan
+    ) -> Iterable[str]:
+        events = list(
+            prefix_events(
+                before,
+                mid,
+                plan,
+                self.lock.state,
+                victim_blocks=self.victim_blocks,
+                prompts_sent_before=set(self.finished_prompts),
+            )
+        )
+        prompts = {r.request_id: r.request.prompt_token_ids for r in mid.running}
+        self.finished_prompts.update(prompts[f.request_id] for f in plan.finished)
+        return events
 
-    @property
-    def system_prompt(self) -> tuple[int, ...]:
-        """The example's system prompt, from its config (drawn in ``init_peer``)."""
-        if not self._system_prompt:
-            config = self.config
-            rng = random.Random(config.num_gpu_blocks * 131 + config.max_num_batched_tokens)
-            self._system_prompt = tuple(rng.randrange(VOCAB) for _ in range(SYSTEM_PROMPT_LEN))
-        return self._system_prompt
-
-    def send_shared(self, prompt: tuple[int, ...], req: NewRequest) -> list[str]:
-        """Submit ``prompt`` as is, with ``req``'s parameters, both cut to what R4 accepts
-        (nano-vllm has no chunked prefill: prompt + outputs - 1 within the budget too)."""
-        config = self.config
-        cap = min(config.num_gpu_blocks * config.block_size, config.max_num_batched_tokens)
-        prompt = prompt[:cap]
-        _, params = self.resolve(req)
-        params = replace(params, max_tokens=max(1, min(req.max_tokens, cap - len(prompt) + 1)))
-        request_id = self.fresh_id()
-        self.shared = True
-        try:
-            accepted = self.submit(request_id, prompt, params)
-        finally:
-            self.shared = False
-        if not accepted:
-            return []
-        self.prompts.append((prompt, req))
-        return [request_id]
+    def send(self, prompts: list[tuple[int, ...]], req: NewRequest) -> MultipleResults[str]:
+        """Submit each prompt as is (nano-vllm: its first token too), with ``req``'s
+        parameters, both cut to what R4 accepts: the prompt only past the cap,
+        so that it keeps its shared blocks, the outputs first."""
+        accepted: list[str] = []
+        with self.lockstep():
+            for whole in prompts:
+                if not self.running():
+                    break
+                prompt_cap, total_cap = r4_caps(self.config)
+                cut = min(c for c in (prompt_cap, total_cap, len(whole)) if c is not None)
+                prompt = whole[:cut]
+                _, params = self.resolve(replace(req, prompt_len=len(prompt)))
+                if total_cap is not None:
+                    max_tokens = max(1, min(req.max_tokens, total_cap - len(prompt) + 1))
+                    params = replace(params, max_tokens=max_tokens)
+                request_id = self.fresh_id()
+                self.shared = True
+                try:
+                    if self.submit(request_id, prompt, params):
+                        accepted.append(request_id)
+                        self.sent.append((prompt, req))
+                finally:
+                    self.shared = False
+        return multiple(*accepted)
 
     @precondition(lambda self: self.running())
     @rule(
@@ -494,43 +551,40 @@ class NanoPrefixRules(PeerMachine):
     def add_shared_prefix(
         self, req: NewRequest, num_blocks: int, own: int, copies: int
     ) -> MultipleResults[str]:
-        """The system prompt's first ``num_blocks`` blocks, then each copy's own ``own``
-        tokens (none: the copies are the same whole blocks, N12)."""
-        shared = self.system_prompt[: num_blocks * self.config.block_size]
+        """The system prompt's first ``num_blocks`` blocks (of the largest block size at
+        most: it has 4), then each copy's own ``own`` tokens; none: the copies are the
+        same whole blocks (N12, and a full-prompt hit on exactly k blocks)."""
+        shared = min(num_blocks * self.config.block_size, SYSTEM_PROMPT_LEN)
         self.note("add: shared prefix")
-        accepted: list[str] = []
-        with self.lockstep():
-            for copy in range(copies):
-                if not self.running():
-                    break
-                rng = random.Random(req.salt + copy)
-                prompt = (*shared, *(rng.randrange(VOCAB) for _ in range(own)))
-                accepted += self.send_shared(prompt, req)
-        return multiple(*accepted)
+        prompts = shared_prompts(
+            self.system_prompt,
+            shared + own,
+            self.config.block_size,
+            prefix_len=shared,
+            exact_blocks=own == 0,
+            copies=copies,
+            salt=req.salt,
+            vocab=VOCAB,
+        )
+        return self.send(prompts, req)
 
-    @precondition(lambda self: self.running() and bool(self.prompts))
+    @precondition(lambda self: self.running() and bool(self.sent))
     @rule(target=REQUESTS, pick=st.integers(0, 2**16))
     @checked
     def resend(self, pick: int) -> MultipleResults[str]:
         """A prompt sent before, again, wherever its first copy is now."""
-        prompt, req = self.prompts[pick % len(self.prompts)]
-        accepted: list[str] = []
-        with self.lockstep():
-            accepted = self.send_shared(prompt, req)
-        return multiple(*accepted)
+        prompt, req = self.sent[pick % len(self.sent)]
+        return self.send([prompt], req)
 
-    @precondition(lambda self: self.running() and bool(self.prompts))
+    @precondition(lambda self: self.running() and bool(self.sent))
     @rule(target=REQUESTS, pick=st.integers(0, 2**16), turns=st.integers(1, 8))
     @checked
     def add_next_turn(self, pick: int, turns: int) -> MultipleResults[str]:
         """An earlier prompt followed by the oracle's first ``turns`` answers to it: the
         blocks its first copy's decodes filled (and keyed) are this prompt's too."""
-        prompt, req = self.prompts[pick % len(self.prompts)]
+        prompt, req = self.sent[pick % len(self.sent)]
         tokens = list(prompt)
         for _ in range(turns):
             tokens.append(ORACLE(tuple(tokens)))
         self.note("add: next turn of an earlier prompt")
-        accepted: list[str] = []
-        with self.lockstep():
-            accepted = self.send_shared(tuple(tokens), req)
-        return multiple(*accepted)
+        return self.send([tuple(tokens)], req)

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from kvsched.peers import make_peer
-from kvsched.peers.known import N2_N6, N5, N12, KnownBug, classify, installed_version
+from kvsched.peers.known import N2_N6, N5, N12, V11, KnownBug, classify, installed_version
 from kvsched.peers.lockstep import run_workload
 from kvsched.peers.protocol import PeerFailure
-from kvsched.workload import WorkloadRequest
+from kvsched.workload import WorkloadRequest, read_workload
 from spec.oracle import HashOracle
 from spec.types import InvalidRequestError, SamplingParams, SchedulerConfig, Semantics
 from tests.cli.helpers import Invoke
@@ -138,6 +138,77 @@ def test_the_machines_recognise_the_bug(
     report = run_workload(make_peer("nano-vllm", config), config, workload, ORACLE)
     assert report.divergence is not None
     assert classify("nano-vllm", report.divergence) is bug, report.divergence
+
+
+#: tests/peers/repros/undone_chunk_keys.jsonl (V11): V (priority 2) and X (priority 0,
+#: V's tokens: it shares V's blocks) decode while R (priority 1) prefills; at step 3 V's
+#: decode keys the block of position 4, R needs blocks, V's chunk is undone and R
+#: preempts itself; at step 4 Y (V's tokens and one more) arrives.
+V11_CONFIG = SchedulerConfig(
+    num_gpu_blocks=16,
+    block_size=1,
+    max_num_batched_tokens=6,
+    max_num_seqs=4,
+    enable_prefix_caching=True,
+    semantics=Semantics.VLLM_V1,
+    policy="priority",
+)
+V11_WORKLOAD = read_workload(Path(__file__).parent / "repros" / "undone_chunk_keys.jsonl")
+V11_ORACLE = HashOracle(vocab_size=256)
+
+
+@on_pinned_version(V11)
+def test_v11_every_hit_block_was_written_by_a_forward() -> None:
+    """No admission may hit a block whose K/V no forward wrote. The peer runs alone: its
+    ``SchedulerOutput``s tell which (block, position) each forward computes and which
+    blocks each new request hit; on 0.32.0 Y hits V's block of position 4, keyed when
+    V's undone decode was scheduled."""
+    require_peer("vllm")
+    peer = make_peer("vllm", V11_CONFIG)
+    scheduler = peer.scheduler  # type: ignore[attr-defined]
+    table = scheduler.kv_cache_manager.coordinator.single_type_managers[0].req_to_blocks
+    written: set[tuple[int, int]] = set()  # (vLLM block id, position) a forward computed
+    hit_unwritten: list[str] = []
+    schedule = scheduler.schedule
+
+    def recording_schedule() -> object:
+        out = schedule()
+        for new in out.scheduled_new_reqs:
+            computed = new.num_computed_tokens  # the hit: positions below it
+            blocks = table[new.req_id]
+            hit_unwritten.extend(
+                new.req_id for pos in range(computed) if (blocks[pos].block_id, pos) not in written
+            )
+        for rid, n in out.num_scheduled_tokens.items():
+            request = scheduler.requests[rid]
+            start = request.num_computed_tokens - n
+            written.update((table[rid][pos].block_id, pos) for pos in range(start, start + n))
+        return out
+
+    scheduler.schedule = recording_schedule
+    pending = sorted(V11_WORKLOAD, key=lambda r: r.arrival_step)
+    steps = 0
+    while pending or peer.has_unfinished_requests():
+        while pending and pending[0].arrival_step <= steps:
+            r = pending.pop(0)
+            peer.add_request(r.request_id, r.prompt, r.params)
+        peer.step(V11_ORACLE)
+        steps += 1
+    assert not hit_unwritten, f"hits on blocks no forward wrote: {hit_unwritten}"
+
+
+def test_the_vllm_machines_recognise_v11() -> None:
+    """The spec drops the undone chunk's keys (vllm-v1/undone-chunk-unkeyed): at step 3
+    the pools differ by the key vLLM kept, which carries V11's signature."""
+    require_peer("vllm")
+    if installed_version(V11) != V11.version:
+        pytest.skip(f"V11 is pinned to {V11.distribution} {V11.version}")
+    report = run_workload(make_peer("vllm", V11_CONFIG), V11_CONFIG, V11_WORKLOAD, V11_ORACLE)
+    assert report.divergence is not None
+    assert report.divergence.step == 3 and report.divergence.field.startswith(
+        "state.prefix_cache"
+    ), report.divergence
+    assert classify("vllm", report.divergence) is V11, report.divergence
 
 
 def test_conform_names_a_known_peer_bug(invoke: Invoke) -> None:

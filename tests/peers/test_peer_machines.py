@@ -11,7 +11,13 @@ from __future__ import annotations
 from hypothesis import settings
 
 from tests.peers.conftest import require_peer
-from tests.peers.machine import REQUIRED_NANO, REQUIRED_VLLM, NanoPrefixRules, PeerMachine
+from tests.peers.machine import (
+    REQUIRED_NANO,
+    REQUIRED_VLLM,
+    REQUIRED_VLLM_PREFIX,
+    PeerMachine,
+    PrefixPeerMachine,
+)
 from tests.stateful.harness import run_differential
 from tests.stateful.profiles import SUPPRESSED
 
@@ -23,7 +29,13 @@ class VllmMachine(PeerMachine):
 
 
 @settings(deadline=None, suppress_health_check=SUPPRESSED)
-class NanoVllmMachine(NanoPrefixRules):
+class VllmPrefixMachine(PrefixPeerMachine):
+    NAME = "VllmPrefixMachine"
+    PEER = "vllm"
+
+
+@settings(deadline=None, suppress_health_check=SUPPRESSED)
+class NanoVllmMachine(PrefixPeerMachine):
     NAME = "NanoVllmMachine"
     PEER = "nano-vllm"
 
@@ -31,6 +43,11 @@ class NanoVllmMachine(NanoPrefixRules):
 def test_vllm_machine() -> None:
     require_peer("vllm")
     run_differential(VllmMachine, REQUIRED_VLLM)
+
+
+def test_vllm_prefix_machine() -> None:
+    require_peer("vllm")
+    run_differential(VllmPrefixMachine, REQUIRED_VLLM_PREFIX)
 
 
 def test_nano_vllm_machine() -> None:

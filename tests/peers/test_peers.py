@@ -17,9 +17,9 @@ import pytest
 
 from kvsched.peers import PeerNotInstalledError, PeerUnsupportedError, make_peer
 from kvsched.peers.lockstep import Lockstep, run_workload
-from kvsched.workload import WorkloadRequest
+from kvsched.workload import WorkloadRequest, read_workload
 from spec.oracle import HashOracle
-from spec.types import PreemptionMode, SamplingParams, SchedulerConfig
+from spec.types import PreemptionMode, SamplingParams, ScheduledChunk, SchedulerConfig, Semantics
 from tests.cli.helpers import Invoke
 from tests.peers.conftest import require_peer
 
@@ -85,6 +85,26 @@ DOCUMENTED = [
      "--num-gpu-blocks 4 --block-size 4 --max-num-batched-tokens 8 --max-num-seqs 4 "
      "--no-enable-chunked-prefill",
      OK, "conform: DIVERGED at step 1: plan.finished[0]: spec (absent), engine FinishedRequest("),
+    ("vllm", "full_sequence_hit_gate",  # V9: the gate with a cache hit
+     "--num-gpu-blocks 7 --block-size 4 --max-num-batched-tokens 8 --max-num-seqs 4 "
+     "--enable-prefix-caching",
+     OK, "conform: DIVERGED at step 1: plan.scheduled[1]: spec ScheduledChunk(request_id='r1', "
+     "start=8, num_tokens=7), engine (absent)"),
+    ("vllm", "full_sequence_hit_credit",  # V9: the hit's blocks are not asked for again
+     "--num-gpu-blocks 7 --block-size 4 --max-num-batched-tokens 8 --max-num-seqs 4 "
+     "--enable-prefix-caching",
+     OK, OK),
+    # V9 on a 40-request shared-prefix workload (the first look's steps 77 and 27).
+    ("vllm", "shared_prefix_40",
+     "--num-gpu-blocks 40 --block-size 4 --max-num-batched-tokens 32 --max-num-seqs 8 "
+     "--enable-prefix-caching",
+     OK, "conform: DIVERGED at step 77: plan.scheduled[4]: spec ScheduledChunk(request_id='r1', "
+     "start=0, num_tokens=19), engine (absent)"),
+    ("vllm", "shared_prefix_40",
+     "--num-gpu-blocks 20 --block-size 4 --max-num-batched-tokens 32 --max-num-seqs 8 "
+     "--enable-prefix-caching",
+     OK, "conform: DIVERGED at step 27: plan.scheduled[4]: spec ScheduledChunk(request_id='r16', "
+     "start=24, num_tokens=1), engine (absent)"),
     ("vllm", "victim_order", "--num-gpu-blocks 3 --block-size 2", OK, OK),
     ("vllm", "prefill_only_steps", "--num-gpu-blocks 8 --block-size 4", OK, OK),
     # N6: the spec keeps R4's refusal; nano-vllm accepts, then fails `assert scheduled_seqs`.
@@ -144,7 +164,7 @@ NANO_CACHE_RULES = [
 @pytest.mark.parametrize(
     ("peer", "name", "options", "verdict", "kvsched_verdict"),
     DOCUMENTED,
-    ids=[f"{row[0]}-{row[1]}" for row in DOCUMENTED],
+    ids=[f"{row[0]}-{row[1]}-{row[2].split()[1]}" for row in DOCUMENTED],
 )
 def test_documented_differences(
     invoke: Invoke, *, peer: str, name: str, options: str, verdict: str, kvsched_verdict: str
@@ -266,3 +286,28 @@ def test_aborts_in_every_state_and_id_reuse(peer_name: str) -> None:
         lock.step()
     lock.finish()
     assert lock.steps >= 5
+
+
+def test_vllm_credits_a_hit_in_its_full_sequence_gate() -> None:
+    """V9: r1's 20 tokens need 5 blocks and 4 are free, but 2 are r0's, hit: vLLM admits."""
+    require_peer("vllm")
+    config = SchedulerConfig(
+        num_gpu_blocks=7,
+        block_size=4,
+        max_num_batched_tokens=8,
+        max_num_seqs=4,
+        enable_prefix_caching=True,
+        semantics=Semantics.VLLM_V1,
+    )
+    workload = read_workload(REPROS / "full_sequence_hit_credit.jsonl")
+    lock = Lockstep(make_peer("vllm", config), config, HashOracle(vocab_size=256))
+    lock.add(workload[0].request_id, workload[0].prompt, workload[0].params)
+    lock.step()
+    lock.add(workload[1].request_id, workload[1].prompt, workload[1].params)
+    assert lock.state.num_free_gpu_blocks == 5
+    plan = lock.step()  # compared with vLLM's, as every step
+    # r0's last prompt token takes its third block, so 4 are free when r1 is admitted.
+    assert plan.scheduled == (
+        ScheduledChunk(request_id="r0", start=8, num_tokens=1),
+        ScheduledChunk(request_id="r1", start=8, num_tokens=7),
+    )

@@ -3,17 +3,23 @@
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
 import spec
+from kvsched.workload import read_workload
 from spec.invariants import plan_violations, state_violations
+from spec.oracle import HashOracle
 from spec.prefix_cache import longest_hit, max_hit_blocks, release, take, touch
-from spec.scheduler import step
+from spec.profiles import full_sequence_fits
+from spec.scheduler import StepDraft, schedule_running, step
 from spec.types import (
     ConfigError,
     PreemptionMode,
     PrefixCacheState,
+    Request,
+    RequestState,
     SamplingParams,
     SchedulerConfig,
     SchedulerState,
@@ -52,12 +58,11 @@ def run_until_done(state: SchedulerState) -> SchedulerState:
 PARAMS = SamplingParams(max_tokens=2)
 
 
-def test_swap_and_other_profiles_are_refused() -> None:
+def test_swap_is_refused_and_every_profile_may_cache() -> None:
     with pytest.raises(ConfigError):
         config(preemption_mode=PreemptionMode.SWAP)
-    with pytest.raises(ConfigError):
-        config(semantics="vllm-v1")
-    # nano-vllm's cache is modelled (its profile's rules in spec/profiles.py).
+    # Each peer profile's caching has its own rules (spec/profiles.py, docs/semantics.md).
+    assert config(semantics="vllm-v1", max_num_seqs=8).enable_prefix_caching
     assert config(semantics="nano-vllm", enable_chunked_prefill=False).enable_prefix_caching
 
 
@@ -119,3 +124,55 @@ def test_a_preempted_request_hits_its_own_freed_blocks() -> None:
             if request is not None and request.num_preemptions and chunk.start:
                 hit_own = True
     assert hit_own
+
+
+def test_vllm_v1_full_sequence_gate_credits_the_hit_and_charges_its_free_blocks() -> None:
+    """vllm-v1/full-sequence-admission with a hit (V9): cdiv(20, 4) - hit + free hits <= free."""
+    vllm = config(semantics="vllm-v1", max_num_seqs=8)
+    request = RequestState(
+        request=Request(request_id="r", prompt_token_ids=tuple(range(20)), params=PARAMS, arrival=0)
+    )
+    assert full_sequence_fits(vllm, request, 4, num_hit=2)
+    assert not full_sequence_fits(vllm, request, 4, num_hit=2, num_evictable=2)
+    assert not full_sequence_fits(vllm, request, 4)
+    assert full_sequence_fits(config(), request, 0)  # kvsched has no such gate
+
+
+def test_no_hit_on_a_block_an_undone_chunk_keyed() -> None:
+    """vllm-v1/undone-chunk-unkeyed (docs/peers.md V11, whose repro this is): V's decode
+    keys a block at step 3 and is undone, R then preempts itself; Y, arriving at step 4
+    with V's tokens, must not hit a block no chunk computed (vLLM 0.32.0 does)."""
+    config = SchedulerConfig(
+        num_gpu_blocks=16,
+        block_size=1,
+        max_num_batched_tokens=6,
+        max_num_seqs=4,
+        enable_prefix_caching=True,
+        semantics="vllm-v1",  # type: ignore[arg-type]
+        policy="priority",
+    )
+    repro = Path(__file__).parents[1] / "peers" / "repros" / "undone_chunk_keys.jsonl"
+    pending = read_workload(repro)
+    state = spec.init_state(config)
+    written: set[tuple[int, int]] = set()  # (block, position) some chunk computed
+    undone = preemptions = 0
+    while pending or spec.has_unfinished_requests(state):
+        while pending and pending[0].arrival_step <= state.num_steps:
+            r = pending.pop(0)
+            state = spec.add_request(state, r.request_id, r.prompt, r.params)
+        mid, _ = spec.schedule(state)
+        draft = StepDraft(state=state, budget=config.max_num_batched_tokens)
+        undone += len(schedule_running(draft).undone)
+        waiting = {r.request_id for r in state.waiting}
+        state, plan = spec.step(state, HashOracle(vocab_size=256))
+        blocks = {r.request_id: r.block_ids for r in mid.running}
+        for chunk in plan.scheduled:
+            ids = blocks[chunk.request_id]
+            if chunk.request_id in waiting:
+                hit = {(ids[pos], pos) for pos in range(chunk.start)}
+                assert hit <= written, (chunk, hit - written)
+            written.update(
+                (ids[pos], pos) for pos in range(chunk.start, chunk.start + chunk.num_tokens)
+            )
+        preemptions += len(plan.preempted)
+    assert undone >= 1 and preemptions >= 2

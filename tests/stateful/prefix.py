@@ -13,6 +13,7 @@ docs/semantics.md (PC1-PC9) did, not what the engine reports.
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 from dataclasses import replace
 from typing import Final
 
@@ -45,8 +46,8 @@ PREFIX_EVENTS: Final = frozenset(
     }
 )
 
-#: The machines with caching on never swap (caching refuses swap mode) and run the
-#: kvsched and nano-vllm profiles only (vllm-v1 refuses caching so far).
+#: The machines with caching on never swap (caching refuses swap mode); every profile
+#: may cache, so every other event stays required.
 _UNREACHABLE_WITH_CACHING: Final = frozenset(
     {
         "config: mode=swap",
@@ -56,14 +57,14 @@ _UNREACHABLE_WITH_CACHING: Final = frozenset(
         "abort: swapped",
         "fault: swap-out copy",
         "fault: swap-in copy",
-        *(
-            event
-            for event in REQUIRED_EVENTS
-            if event.startswith("vllm-v1/") or event == "config: semantics=vllm-v1"
-        ),
     }
 )
 
+#: Not required: "vllm-v1/full-sequence-admission: the gate held back a request with a
+#: hit" (the hit credited, its rest of the sequence still too large) was not reached in
+#: a ci run of the scheduler machine (386 vllm-v1 examples, 246 gate refusals, none of a
+#: request with a hit: the chunk must be cut by the budget right then); the peer machine
+#: and tests/peers/repros/full_sequence_hit_*.jsonl check the rule against vLLM.
 PREFIX_REQUIRED_EVENTS: Final = (
     (REQUIRED_EVENTS - _UNREACHABLE_WITH_CACHING) | PREFIX_EVENTS | NANO_CACHE_EVENTS
 )
@@ -81,8 +82,7 @@ class PrefixRules(DifferentialMachine):
     def start_engine(
         self, config: SchedulerConfig, initial: list[NewRequest]
     ) -> MultipleResults[str]:
-        rng = random.Random(config.num_gpu_blocks * 131 + config.max_num_batched_tokens)
-        self.system_prompt = tuple(rng.randrange(self.VOCAB) for _ in range(SYSTEM_PROMPT_LEN))
+        self.system_prompt = system_prompt(config, self.VOCAB)
         self.victim_blocks = {}
         self.sent = []
         started = super().start_engine(config, initial)
@@ -109,23 +109,21 @@ class PrefixRules(DifferentialMachine):
     def add_shared_prefix(
         self, req: NewRequest, prefix_len: int, exact_blocks: bool, copies: int
     ) -> MultipleResults[str]:
-        """The system prompt's first ``prefix_len`` tokens, then each copy's own suffix; or,
-        ``exact_blocks``, only the system prompt cut at a whole number of blocks."""
+        """``shared_prompts``: the system prompt's first ``prefix_len`` tokens, then each
+        copy's own suffix; or, ``exact_blocks``, the system prompt cut at whole blocks."""
         resolved, _ = self.resolve(req)
-        length = len(resolved)  # clamped to fit the configuration (R4)
-        bs = self.config.block_size
-        accepted = []
-        for copy in range(copies):
-            if exact_blocks and length >= bs:
-                prompt = self.system_prompt[: length // bs * bs]
-            else:
-                shared = min(prefix_len, length)
-                own = random.Random(req.salt + copy).choices(range(self.VOCAB), k=length - shared)
-                prompt = (*self.system_prompt[:shared], *own)
-            request_id = self.send(tuple(prompt), req)
-            if request_id is not None:
-                accepted.append(request_id)
-        return multiple(*accepted)
+        prompts = shared_prompts(
+            self.system_prompt,
+            len(resolved),  # clamped to fit the configuration (R4)
+            self.config.block_size,
+            prefix_len=prefix_len,
+            exact_blocks=exact_blocks,
+            copies=copies,
+            salt=req.salt,
+            vocab=self.VOCAB,
+        )
+        accepted = [self.send(prompt, req) for prompt in prompts]
+        return multiple(*(request_id for request_id in accepted if request_id is not None))
 
     @precondition(lambda self: bool(self.sent))
     @rule(target=REQUESTS, pick=st.integers(0, 2**16))
@@ -139,46 +137,102 @@ class PrefixRules(DifferentialMachine):
 
     def record_step(self, before: SchedulerState, mid: SchedulerState, plan: StepPlan) -> None:
         super().record_step(before, mid, plan)
-        cache_before, cache_mid = before.prefix_cache, mid.prefix_cache
-        if cache_before is None or cache_mid is None:
-            return
-        bs = self.config.block_size
-        waiting = {r.request_id: r for r in before.waiting}
-        running_mid = {r.request_id: r for r in mid.running}
-        keyed_before = {block for _, block in cache_before.cached}
-        free_before = set(cache_before.free_queue)
         prompts_sent_before = {
             a.prompt for arrival, a in self.accepted.items() if arrival in self.outcomes
         }
-        for chunk in plan.scheduled:
-            request = waiting.get(chunk.request_id)
-            if request is None or chunk.start == 0:
-                continue
-            hit = running_mid[chunk.request_id].block_ids[: chunk.start // bs]
-            self.note("prefix: hit")
-            if chunk.start < (request.num_tokens - 1) // bs * bs:
-                self.note("prefix: partial hit (fewer blocks than it could hit)")
-            else:
-                self.note("prefix: full-prompt hit (every block it may hit)")
-                if request.num_tokens % bs == 0 and not request.output_token_ids:
-                    self.note("prefix: full-prompt hit on exactly k blocks (last block recomputed)")
-            if not set(hit) <= keyed_before:
-                self.note("prefix: hit on blocks keyed in the same step")
-            if set(hit) & free_before:
-                self.note("prefix: hit on a free cached block")
-            if set(hit) & self.victim_blocks.get(request.request.arrival, frozenset()):
-                self.note("prefix: resumed request hit its own freed blocks")
-            if request.request.prompt_token_ids in prompts_sent_before:
-                self.note("prefix: resent prompt hit")
-        if set(cache_before.cached) - set(cache_mid.cached):
-            self.note("prefix: cached block reclaimed")
-        after = self.lock.state
-        for label in nano_cache_events(before, mid, plan, after):
+        for label in prefix_events(
+            before,
+            mid,
+            plan,
+            self.lock.state,
+            victim_blocks=self.victim_blocks,
+            prompts_sent_before=prompts_sent_before,
+        ):
             self.note(label)
-        held = [block for r in after.running for block in r.block_ids]
-        if len(set(held)) < len(held):
-            self.note("prefix: block shared by running requests")
-        for preemption in plan.preempted:
-            if preemption.mode is not PreemptionMode.SWAP:
-                victim = next(r for r in before.running if r.request_id == preemption.request_id)
-                self.victim_blocks[victim.request.arrival] = frozenset(victim.block_ids)
+
+
+def system_prompt(config: SchedulerConfig, vocab: int) -> tuple[int, ...]:
+    """The example's one system prompt, from its config (so a shrunk example keeps it)."""
+    rng = random.Random(config.num_gpu_blocks * 131 + config.max_num_batched_tokens)
+    return tuple(rng.randrange(vocab) for _ in range(SYSTEM_PROMPT_LEN))
+
+
+def shared_prompts(
+    system_prompt: tuple[int, ...],
+    length: int,
+    block_size: int,
+    *,
+    prefix_len: int,
+    exact_blocks: bool,
+    copies: int,
+    salt: int,
+    vocab: int,
+) -> list[tuple[int, ...]]:
+    """``copies`` prompts of ``length`` tokens: ``system_prompt``'s first ``prefix_len``
+    tokens, then each copy's own suffix (from ``salt``); or, ``exact_blocks``, only the
+    system prompt cut at a whole number of blocks (the same prompt every copy)."""
+    prompts = []
+    for copy in range(copies):
+        if exact_blocks and length >= block_size:
+            prompt = system_prompt[: length // block_size * block_size]
+        else:
+            shared = min(prefix_len, length)
+            own = random.Random(salt + copy).choices(range(vocab), k=length - shared)
+            prompt = (*system_prompt[:shared], *own)
+        prompts.append(tuple(prompt))
+    return prompts
+
+
+def prefix_events(
+    before: SchedulerState,
+    mid: SchedulerState,
+    plan: StepPlan,
+    after: SchedulerState,
+    *,
+    victim_blocks: dict[int, frozenset[int]],
+    prompts_sent_before: set[tuple[int, ...]],
+) -> Iterator[str]:
+    """The prefix-cache events of one step, from the spec's states: ``before`` it, ``mid``
+    (after its decisions), its ``plan`` and ``after`` it. ``victim_blocks`` (arrival ->
+    the blocks it gave up when last preempted) is read and updated with this step's
+    victims; ``prompts_sent_before`` are the prompts of requests already finished.
+    nano-vllm's cache rules' events come with them (tests/stateful/nano_cache.py).
+    Shared with the peer prefix machines (tests/peers) and scripts/explore_peers.py."""
+    cache_before, cache_mid = before.prefix_cache, mid.prefix_cache
+    if cache_before is None or cache_mid is None:
+        return
+    bs = before.config.block_size
+    waiting = {r.request_id: r for r in before.waiting}
+    running_mid = {r.request_id: r for r in mid.running}
+    keyed_before = {block for _, block in cache_before.cached}
+    free_before = set(cache_before.free_queue)
+    for chunk in plan.scheduled:
+        request = waiting.get(chunk.request_id)
+        if request is None or chunk.start == 0:
+            continue
+        hit = running_mid[chunk.request_id].block_ids[: chunk.start // bs]
+        yield "prefix: hit"
+        if chunk.start < (request.num_tokens - 1) // bs * bs:
+            yield "prefix: partial hit (fewer blocks than it could hit)"
+        else:
+            yield "prefix: full-prompt hit (every block it may hit)"
+            if request.num_tokens % bs == 0 and not request.output_token_ids:
+                yield "prefix: full-prompt hit on exactly k blocks (last block recomputed)"
+        if not set(hit) <= keyed_before:
+            yield "prefix: hit on blocks keyed in the same step"
+        if set(hit) & free_before:
+            yield "prefix: hit on a free cached block"
+        if set(hit) & victim_blocks.get(request.request.arrival, frozenset()):
+            yield "prefix: resumed request hit its own freed blocks"
+        if request.request.prompt_token_ids in prompts_sent_before:
+            yield "prefix: resent prompt hit"
+    if set(cache_before.cached) - set(cache_mid.cached):
+        yield "prefix: cached block reclaimed"
+    yield from nano_cache_events(before, mid, plan, after)
+    held = [block for r in after.running for block in r.block_ids]
+    if len(set(held)) < len(held):
+        yield "prefix: block shared by running requests"
+    for preemption in plan.preempted:
+        if preemption.mode is not PreemptionMode.SWAP:
+            victim = next(r for r in before.running if r.request_id == preemption.request_id)
+            victim_blocks[victim.request.arrival] = frozenset(victim.block_ids)

@@ -6,6 +6,7 @@ from collections.abc import Iterator
 
 import spec
 from spec.kv import cdiv, chunk_for_prefill
+from spec.prefix_cache import longest_hit, num_evictable, request_tokens
 from spec.scheduler import StepDraft, schedule_running
 from spec.types import (
     FinishReason,
@@ -25,20 +26,29 @@ def victim_chunk_undone(before: SchedulerState) -> bool:
     return bool(schedule_running(StepDraft(state=before, budget=budget)).undone)
 
 
-def full_sequence_gate_refused(mid: SchedulerState, plan: StepPlan, admitted: list[str]) -> bool:
+def full_sequence_gate_refused(mid: SchedulerState, plan: StepPlan) -> int | None:
     """Whether phase C stopped at a request whose chunk fit but whose whole sequence did
-    not (vllm-v1/full-sequence-admission), with budget and a seat left."""
+    not (vllm-v1/full-sequence-admission), with budget and a seat left: the blocks the
+    request hit (PC3; 0 with caching off), or None if the gate held nobody back."""
     config = mid.config
     budget = config.max_num_batched_tokens - sum(plan.num_scheduled_tokens)
     if plan.preempted or not mid.waiting or budget == 0:
-        return False
+        return None
     if len(mid.running) >= config.max_num_seqs:
-        return False
+        return None
     head = spec.get_policy(config.policy).order_waiting(mid.waiting)[0]
-    n = chunk_for_prefill(head.num_tokens, budget, config.enable_chunked_prefill)
     bs = config.block_size
-    free = mid.num_free_gpu_blocks
-    return n <= budget and cdiv(n, bs) <= free < cdiv(head.num_tokens, bs)
+    hit: tuple[int, ...] = ()
+    evictable = 0
+    if mid.prefix_cache is not None:  # -hits: the hit is credited, its free blocks charged
+        hit = longest_hit(mid.prefix_cache, request_tokens(head), bs)
+        evictable = num_evictable(mid.prefix_cache, hit)
+    start = len(hit) * bs
+    n = chunk_for_prefill(head.num_tokens - start, budget, config.enable_chunked_prefill)
+    free = mid.num_free_gpu_blocks + len(hit) - evictable
+    if n <= budget and cdiv(start + n, bs) <= free < cdiv(head.num_tokens, bs):
+        return len(hit)
+    return None
 
 
 class Stepping(MachineBase):
@@ -133,8 +143,11 @@ def profile_events(before: SchedulerState, mid: SchedulerState, plan: StepPlan) 
                 yield "vllm-v1/max-model-len: length at max_model_len"
         if plan.preempted and victim_chunk_undone(before):
             yield "vllm-v1/priority-victim-any-running: a scheduled victim's chunk undone"
-        if full_sequence_gate_refused(mid, plan, admitted):
+        held_back = full_sequence_gate_refused(mid, plan)
+        if held_back is not None:
             yield "vllm-v1/full-sequence-admission: the gate held a request back"
+            if held_back:
+                yield "vllm-v1/full-sequence-admission: the gate held back a request with a hit"
     else:
         if admitted and before.running:
             yield "nano-vllm/prefill-first: a prefill-only step with requests running"

@@ -17,9 +17,6 @@ POLICY_NAMES: Final = tuple(sorted(spec.POLICIES))
 #: kvsched twice: the profiles share the example budget, and kvsched has the most paths
 #: (every mode and policy); each peer profile gets a quarter of the examples.
 SEMANTICS: Final = (Semantics.KVSCHED, Semantics.VLLM_V1, Semantics.KVSCHED, Semantics.NANO_VLLM)
-#: With prefix caching: the profiles that model it (vllm-v1 refuses it so far), kvsched
-#: twice as often (it has restart mode and every policy).
-CACHING_SEMANTICS: Final = (Semantics.KVSCHED, Semantics.KVSCHED, Semantics.NANO_VLLM)
 
 
 def printable_config(**fields: object) -> st.SearchStrategy[SchedulerConfig]:
@@ -50,11 +47,16 @@ def engine_configs(
 
     The GPU pool holds 8-64 tokens (at least two blocks); swap mode (drawn half the
     time) gets a CPU pool from none (every swap falls back to recompute) through too
-    small to twice the GPU pool. With ``prefix_caching`` the config turns it on, the
-    profile is kvsched or nano-vllm (``CACHING_SEMANTICS``) and the mode is recompute or
-    restart (caching refuses swap); the other draws are the same.
+    small to twice the GPU pool. With ``prefix_caching`` the config turns it on (every
+    profile may) and the mode is recompute or restart (caching refuses swap); the other
+    draws are the same.
     """
-    semantics = draw(st.sampled_from(CACHING_SEMANTICS if prefix_caching else semantics_choices))
+    # One choice draws nothing (the kvsched-only machines keep their examples).
+    semantics = (
+        semantics_choices[0]
+        if len(semantics_choices) == 1
+        else draw(st.sampled_from(semantics_choices))
+    )
     if semantics is not Semantics.KVSCHED:
         return draw(profile_configs(semantics, prefix_caching=prefix_caching))
     block_size = draw(st.sampled_from(BLOCK_SIZES))
@@ -95,7 +97,8 @@ def engine_configs(
 def profile_configs(
     draw: st.DrawFn, semantics: Semantics, *, prefix_caching: bool = False
 ) -> SchedulerConfig:
-    """A config a peer profile accepts (its constraints: ``SchedulerConfig.__post_init__``).
+    """A config a peer profile accepts (its constraints: ``SchedulerConfig.__post_init__``),
+    with ``enable_prefix_caching`` set to ``prefix_caching``.
 
     Both: recompute only, no CPU pool. vllm-v1: ``lifo`` or ``priority``,
     ``max_num_batched_tokens >= max_num_seqs``, ``max_model_len`` drawn or the default
@@ -185,23 +188,33 @@ def fit_sizes(config: SchedulerConfig, req: NewRequest) -> tuple[int, int]:
     prompt_len, max_tokens = req.prompt_len, req.max_tokens
     if req.oversize:
         return prompt_len, max_tokens
-    length = model_len(config)
-    if length is not None:
-        # vllm-v1/max-model-len: the prompt must be shorter; max_tokens is not capped,
-        # so requests also stop at max_model_len.
-        return min(prompt_len, length - 1), max_tokens
-    cap = config.num_gpu_blocks * config.block_size  # L = P + M - 1 <= cap (R4)
-    if not config.enable_chunked_prefill:
-        if config.preemption_mode is PreemptionMode.RESTART:
-            prompt_len = min(prompt_len, config.max_num_batched_tokens)
-        else:
-            cap = min(cap, config.max_num_batched_tokens)
+    prompt_cap, cap = r4_caps(config)
+    if prompt_cap is not None:
+        prompt_len = min(prompt_len, prompt_cap)
+    if cap is None:
+        return prompt_len, max_tokens
     if prompt_len + max_tokens - 1 > cap:
         # Scale both down, keeping the output share: decodes that grow past the pool
         # are what forces preemptions (a pool-sized prompt with one output never grows).
         prompt_len = max(1, prompt_len * cap // (prompt_len + max_tokens))
         max_tokens = min(max_tokens, cap - prompt_len + 1)
     return prompt_len, max_tokens
+
+
+def r4_caps(config: SchedulerConfig) -> tuple[int | None, int | None]:
+    """What R4 accepts under ``config``: the longest prompt and the longest
+    ``prompt + max_tokens - 1``, each None where R4 sets no bound of its own."""
+    length = model_len(config)
+    if length is not None:
+        # vllm-v1/max-model-len: the prompt must be shorter; max_tokens is not capped,
+        # so requests also stop at max_model_len.
+        return length - 1, None
+    pool = config.num_gpu_blocks * config.block_size
+    if config.enable_chunked_prefill:
+        return None, pool
+    if config.preemption_mode is PreemptionMode.RESTART:
+        return config.max_num_batched_tokens, pool
+    return None, min(pool, config.max_num_batched_tokens)
 
 
 #: The load a fresh engine starts with.

@@ -5,22 +5,31 @@ another request's slots, which must hold the same positions of the same tokens) 
 ``PrefixEngineDifferential`` is ``EngineDifferential`` (the tiny Llama in float64: a
 hit attends over K/V another request wrote, and every output must still equal its
 solo run bit for bit, so a stale key changes a token). Each draws its configs with
-``enable_prefix_caching`` on and has the rules of ``tests/stateful/prefix.py``; the
-coverage they must reach is ``PREFIX_REQUIRED_EVENTS`` (swap never happens with
-caching on).
+``enable_prefix_caching`` on (the scheduler machine under every profile, the engine
+machine under kvsched and nano-vllm) and adds the rules of
+``tests/stateful/prefix.py``; the coverage they must reach is ``PREFIX_REQUIRED_EVENTS``
+(swap never happens with caching on).
 """
 
 from __future__ import annotations
 
+from typing import Final
+
 import torch
 
-from spec.types import SchedulerState, StepPlan
+from spec.types import SchedulerState, Semantics, StepPlan
 from tests.stateful.coverage import REQUIRED_EVENTS
 from tests.stateful.failures import require
 from tests.stateful.harness import run_differential
 from tests.stateful.prefix import PREFIX_REQUIRED_EVENTS, PrefixRules
+from tests.stateful.rules import init_rule
+from tests.stateful.strategies import engine_configs
 from tests.stateful.test_engine_differential import REQUIRED, EngineDifferential, single_thread
 from tests.stateful.test_scheduler_differential import SchedulerDifferential
+
+#: Half the examples each (a third for nano-vllm left its decode-unbudgeted unreached in
+#: the ci run; kvsched still reaches all of its events in its half).
+ENGINE_SEMANTICS: Final = (Semantics.KVSCHED, Semantics.NANO_VLLM)
 
 
 class PrefixSchedulerDifferential(PrefixRules, SchedulerDifferential):
@@ -29,6 +38,10 @@ class PrefixSchedulerDifferential(PrefixRules, SchedulerDifferential):
 
 class PrefixEngineDifferential(PrefixRules, EngineDifferential):
     NAME = "PrefixEngineDifferential"
+
+    # No vllm-v1: its caching decisions are the scheduler machine's to check (the same
+    # impl.Scheduler code decides here); the few examples go to kvsched and nano-vllm.
+    init_engine = init_rule(engine_configs(ENGINE_SEMANTICS, prefix_caching=True))
 
     def fault_snapshot(self) -> dict[str, object]:
         """Also the K/V of every cached block: a rollback gives reclaimed blocks their keys
@@ -82,6 +95,9 @@ def test_prefix_scheduler_differential() -> None:
 def test_prefix_engine_differential() -> None:
     with single_thread():
         # The engine's own event (a fault after the forward wrote into a victim's blocks).
-        run_differential(
-            PrefixEngineDifferential, PREFIX_REQUIRED_EVENTS | (REQUIRED - REQUIRED_EVENTS)
-        )
+        drawn = {
+            e
+            for e in PREFIX_REQUIRED_EVENTS
+            if not e.startswith(("vllm-v1/", "config: semantics=vllm-v1"))
+        }
+        run_differential(PrefixEngineDifferential, drawn | (REQUIRED - REQUIRED_EVENTS))
