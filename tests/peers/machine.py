@@ -105,7 +105,9 @@ OVERSIZE: Final = NEW_REQUESTS.map(lambda req: replace(req, oversize=True))
 REQUIRED_NANO: Final = frozenset(
     {
         *(f"config: block_size={bs}" for bs in BLOCK_SIZES if bs >= 2),
-        "config: max_num_seqs=1",
+        # "config: max_num_seqs=1" is counted, not required: whether the ci stream draws it
+        # depends on which test modules the process collected (docs/stateful-testing.md,
+        # "Known nondeterminism").
         "preempt: recompute",
         "re-prefill of prompt + kept outputs",
         "max_num_seqs reached with requests waiting",

@@ -95,9 +95,13 @@ def test_prefix_scheduler_differential() -> None:
 def test_prefix_engine_differential() -> None:
     with single_thread():
         # The engine's own event (a fault after the forward wrote into a victim's blocks).
+        # "abort: running mid-prefill" is counted, not required here: whether this machine's
+        # ci stream reaches it depends on which test modules the process collected
+        # (docs/stateful-testing.md, "Known nondeterminism"); the scheduler machines require it.
         drawn = {
             e
             for e in PREFIX_REQUIRED_EVENTS
             if not e.startswith(("vllm-v1/", "config: semantics=vllm-v1"))
+            and e != "abort: running mid-prefill"
         }
         run_differential(PrefixEngineDifferential, drawn | (REQUIRED - REQUIRED_EVENTS))
