@@ -262,18 +262,18 @@ def _hit(request: RequestState, left: _Left, bs: int) -> tuple[int, int]:
     return len(hit), num_evictable(left.cache, hit)
 
 
-def _fits(request: RequestState, config: SchedulerConfig, left: _Left) -> int:
+def _fits(request: RequestState, config: SchedulerConfig, left: _Left, hit: tuple[int, int]) -> int:
     """The chunk ``request`` would get from what is ``left``, or 0 if it does not fit.
 
     With caching on, a waiting request's chunk starts after its hit in ``left.cache``
-    (the pool as the earlier chunks left it, PC3), only the ``n`` tokens after the hit
-    are charged to the budget, and it needs its ``cdiv(h + n, bs) - k`` new blocks plus
-    the hit blocks that sit in the free queue (PC4).
+    (``hit``, from ``_hit``: the pool as the earlier chunks left it, PC3), only the ``n``
+    tokens after the hit are charged to the budget, and it needs its
+    ``cdiv(h + n, bs) - k`` new blocks plus the hit blocks that sit in the free queue (PC4).
     """
     if left.seats <= 0 or left.budget <= 0:
         return 0
     bs = config.block_size
-    num_hit, evictable = _hit(request, left, bs)
+    num_hit, evictable = hit
     start = request.num_computed_tokens + num_hit * bs
     n = chunk_for_prefill(request.num_tokens - start, left.budget, config.enable_chunked_prefill)
     need = cdiv(start + n, bs) - num_hit + evictable
@@ -339,7 +339,8 @@ def progress_violations(before: SchedulerState, plan: StepPlan) -> tuple[str, ..
     num_running = sum(1 for rid in plan.scheduled_ids if rid in running)
     if num_back < len(before.swapped):
         head = before.swapped[num_back]
-        n = _fits(head, config, _left_after(before, plan, num_running + num_back))
+        left = _left_after(before, plan, num_running + num_back)
+        n = _fits(head, config, left, _hit(head, left, config.block_size))
         if n:
             return (
                 f"progress: swapped {head.request_id!r} waits, but a chunk of {n} tokens "
@@ -354,8 +355,8 @@ def progress_violations(before: SchedulerState, plan: StepPlan) -> tuple[str, ..
         if request.request_id in admitted:
             continue
         left = _left_after(before, plan, upto)
-        n = _fits(request, config, left)
-        num_hit, evictable = _hit(request, left, config.block_size)
+        num_hit, evictable = hit = _hit(request, left, config.block_size)
+        n = _fits(request, config, left, hit)
         if (
             n
             and full_sequence_fits(
