@@ -141,6 +141,7 @@ class EngineMetrics:
       requests (looked up), ``prefix_cache_hits`` the tokens of theirs found cached
       (not run through the model), ``prefix_cache_hit_rate`` their ratio, and
       ``reclaimed_cached_blocks`` the cached blocks reclaimed for other content.
+      With caching off every admission is looked up too, and nothing hits.
     """
 
     steps: int = 0
@@ -290,8 +291,7 @@ class LLMEngine:
         With prefix caching, also the cached blocks reclaimed in this step: a rollback
         gives them their keys back, so their K/V must survive the failed forward.
         """
-        cache = self.scheduler.prefix_cache
-        reclaimed = [] if cache is None else cache.reclaimed_blocks()
+        reclaimed = self.scheduler.gpu.reclaimed_blocks()
         if not out.preempted:
             return reclaimed
         given_up = {block for record in out.preempted for block in record.gpu_blocks}
@@ -318,9 +318,7 @@ class LLMEngine:
         metrics.generated_tokens += out.num_samples
         metrics.prefix_cache_queries += out.num_queried_tokens
         metrics.prefix_cache_hits += out.num_hit_tokens
-        cache = self.scheduler.prefix_cache
-        if cache is not None:
-            metrics.reclaimed_cached_blocks += cache.num_reclaimed
+        metrics.reclaimed_cached_blocks += self.scheduler.gpu.num_reclaimed
         metrics.peak_gpu_blocks_used = max(metrics.peak_gpu_blocks_used, gpu_blocks_used)
         capacity = self.config.num_gpu_blocks * self.config.block_size
         metrics.kv_utilization_sum += tokens_in_cache / capacity

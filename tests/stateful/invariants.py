@@ -50,7 +50,7 @@ class Invariants(MachineBase):
             ("GPU", scheduler.gpu, [seq.block_table for seq in scheduler.running]),
             ("CPU", scheduler.cpu, [seq.cpu_block_table for seq in scheduler.swapped]),
         )
-        shared = scheduler.prefix_cache is not None
+        shared = scheduler.config.enable_prefix_caching
         for name, pool, tables in pools:
             owned = [block for table in tables for block in table]
             if any(len(set(table)) != len(table) for table in tables) or (
