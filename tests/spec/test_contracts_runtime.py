@@ -47,6 +47,7 @@ TRANSITIONS: dict[ModuleType, tuple[str, ...]] = {
         "schedule",
         "complete_step",
         "step",
+        "grow",  # spec.prefix_cache's, as phases A and C call it
     ),
     spec.lifecycle: ("blocks_freed", "abort_request", "add_request"),
 }
@@ -71,7 +72,8 @@ def _checked(module: ModuleType, name: str, calls: dict[str, int]) -> Callable[.
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         bound = signature.bind(*args, **kwargs)
         bound.apply_defaults()
-        scope = {**vars(module), **bound.arguments}
+        # The caller's module's names, and the defining module's (``grow``'s ``touch``).
+        scope = {**function.__globals__, **vars(module), **bound.arguments}
         if not all(eval(pre, scope) for pre in pres):
             return function(*args, **kwargs)  # outside the contract's domain
         result = function(*args, **kwargs)
