@@ -8,7 +8,8 @@ long runs; ``mutation`` is the quick deterministic one of scripts/mutation_check
 ``KVSCHED_FUZZ_DB`` (default ``.hypothesis/fuzz``), which every worker of the campaign,
 on this machine or another one that mounts the folder, reads and writes.
 Pick one with ``HYPOTHESIS_PROFILE=<name>`` or pytest's ``--hypothesis-profile=<name>``.
-The stateful machines size themselves per profile (tests/stateful/profiles.py, SIZES).
+The stateful machines size themselves per profile (their subject's ``Sizes``,
+tests/stateful/sizes.py).
 """
 
 import importlib.util
