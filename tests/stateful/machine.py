@@ -64,9 +64,9 @@ from spec.types import (
     TokenOutOfVocabError,
     UnknownRequestError,
 )
+from tests.drain import ProgressKey, drain_bound, progress_key
 from tests.stateful import checks
 from tests.stateful.coverage import RunRecord
-from tests.stateful.drain import ProgressKey, drain_bound, progress_key
 from tests.stateful.events import abort_label, prefix_events, profile_events, step_events
 from tests.stateful.failures import InjectedFault, InvariantViolation, fail, require
 from tests.stateful.sizes import SUPPRESSED

@@ -1,12 +1,15 @@
-"""How long a drain may take, and what a livelock looks like (the machine's teardown)."""
+"""How long a drain may take, and what a livelock looks like: the bound every stepping
+loop of the tests holds (the state machine's teardown, and ``StepBound`` for the rest),
+so that a wrong scheduler fails the test with its state instead of hanging it."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Sequence
 from typing import Final
 
 import spec
 from spec.policies import lifo_victim
-from spec.types import SchedulerState
+from spec.types import SamplingParams, SchedulerConfig, SchedulerState
 
 #: Policies the LIFO liveness proof covers (docs/semantics.md, "Why every accepted
 #: request finishes"): ``lifo``, and ``reserve``, whose gate never refuses an empty engine.
@@ -48,3 +51,38 @@ def progress_key(state: SchedulerState) -> ProgressKey:
         for queue in (state.waiting, state.running, state.swapped)
     )
     return state.num_free_gpu_blocks, state.num_free_cpu_blocks, queues
+
+
+class StepBound:
+    """A stepping loop's budget: ``tick`` it once per step; a step past ``bound`` fails
+    with the state (``state`` itself, or a function returning it, called only then)."""
+
+    def __init__(self, bound: int) -> None:
+        self.bound = bound
+        self.steps = 0
+
+    def tick(self, state: object | Callable[[], object]) -> None:
+        self.steps += 1
+        if self.steps > self.bound:
+            shown = state() if callable(state) else state
+            raise AssertionError(f"not drained within {self.bound} steps (drain bound): {shown}")
+
+
+def drain_within(state: SchedulerState) -> StepBound:
+    """The budget of a drain from ``state`` (no arrivals, no aborts): ``drain_bound``."""
+    return StepBound(drain_bound(state))
+
+
+def workload_bound(
+    config: SchedulerConfig,
+    requests: Iterable[tuple[Sequence[int], SamplingParams]],
+    *,
+    last_arrival: int = 0,
+) -> StepBound:
+    """The budget of a run whose requests arrive by step ``last_arrival``: those steps,
+    then the drain of all of them as if they had all arrived at once (a request that has
+    progressed since is no further from finishing), plus the step it starts in."""
+    state = spec.init_state(config)
+    for i, (prompt, params) in enumerate(requests):
+        state = spec.add_request(state, f"bound-{i}", tuple(prompt), params)
+    return StepBound(last_arrival + 1 + drain_bound(state))
