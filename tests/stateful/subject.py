@@ -95,9 +95,14 @@ class Side:
         only. The step it fires in raises ``InjectedFault`` and is rolled back."""
         raise NotImplementedError(f"{type(self).__name__} has no faults")
 
+    def faults_armed(self) -> bool:
+        """Whether a fault is armed (only then can a step fail and need a snapshot)."""
+        return False
+
     def fault_snapshot(self) -> dict[str, object]:
         """What a rolled-back step must leave unchanged besides the observed state, by
-        the name of the invariant that says so."""
+        the name of the invariant that says so (taken before a step while a fault is
+        armed: the engine's K/V is costly to copy)."""
         return {}
 
     def after_step(self, advance: Advance) -> None:

@@ -60,6 +60,9 @@ class ToySide(Side):
     def arm_fault(self, kind: str, when_preempting: bool) -> None:
         self.toy.armed[kind] = when_preempting
 
+    def faults_armed(self) -> bool:
+        return bool(self.toy.armed)
+
 
 @dataclass(frozen=True, kw_only=True)
 class ToyScheduler(Subject):
