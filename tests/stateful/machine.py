@@ -413,7 +413,8 @@ class LockstepMachine(RuleBasedStateMachine):
             "prefilling": self.prefilling(),
             "swapped": state.swapped,
         }
-        candidates = chosen[queue] or next(q for q in (state.waiting, state.running) if q)
+        queues = (state.waiting, state.running, state.swapped)
+        candidates = chosen[queue] or next(q for q in queues if q)
         self.abort_id(candidates[pick % len(candidates)].request_id)
 
     # The two states below last a step or two (a victim comes back as soon as it fits, a
