@@ -344,21 +344,23 @@ class LockstepMachine(RuleBasedStateMachine):
         target=REQUESTS,
         req=NEW_REQUESTS,
         prefix_len=st.integers(1, SYSTEM_PROMPT_LEN),
-        exact_blocks=st.booleans(),
+        own=st.integers(0, 8),
         copies=st.integers(1, 4),
     )
     @checked_adds
     def add_shared_prefix(
-        self, req: NewRequest, prefix_len: int, exact_blocks: bool, copies: int
+        self, req: NewRequest, prefix_len: int, own: int, copies: int
     ) -> MultipleResults[str]:
         """``shared_prompts``: the system prompt's first ``prefix_len`` tokens, then each
-        copy's own suffix; or, ``exact_blocks``, the system prompt cut at whole blocks."""
+        copy's ``own`` tokens of its own; none: the system prompt cut at whole blocks,
+        the same prompt every copy (a hit on every block it may hit). ``req`` gives the
+        parameters; ``send`` cuts each prompt to what R4 accepts."""
         prompts = shared_prompts(
             self.system_prompt,
-            self.fit(req)[0],  # clamped to fit the configuration (R4)
+            prefix_len + own,
             self.config.block_size,
             prefix_len=prefix_len,
-            exact_blocks=exact_blocks,
+            exact_blocks=own == 0,
             copies=copies,
             salt=req.salt,
             vocab=self.vocab,
