@@ -50,6 +50,7 @@ COPIED = (
     "kvsched",
     "tests/__init__.py",
     "tests/conftest.py",
+    "tests/drain.py",
     "tests/stateful",
     "tests/regressions",
 )

@@ -35,6 +35,7 @@ from spec import (
     init_state,
 )
 from spec.types import Semantics
+from tests.drain import drain_within
 from tests.stateful.strategies import engine_configs, profile_configs
 
 TRANSITIONS: dict[ModuleType, tuple[str, ...]] = {
@@ -134,7 +135,9 @@ def _run(
                 state, _ = spec.lifecycle.abort_request(state, live[number % len(live)])
             elif op == "step" and live:
                 state, _ = spec.scheduler.step(state, ORACLE)
+        bound = drain_within(state)
         while spec.lifecycle.has_unfinished_requests(state):
+            bound.tick(state)
             state, _ = spec.scheduler.step(state, ORACLE)
 
 

@@ -25,6 +25,7 @@ from spec.types import (
     SchedulerState,
     StepPlan,
 )
+from tests.drain import drain_within, workload_bound
 
 
 def oracle(tokens: tuple[int, ...]) -> int:
@@ -50,7 +51,9 @@ def checked_step(state: SchedulerState) -> tuple[SchedulerState, StepPlan]:
 
 
 def run_until_done(state: SchedulerState) -> SchedulerState:
+    bound = drain_within(state)
     while spec.has_unfinished_requests(state):
+        bound.tick(state)
         state, _ = checked_step(state)
     return state
 
@@ -115,7 +118,9 @@ def test_a_preempted_request_hits_its_own_freed_blocks() -> None:
     state = spec.add_request(state, "a", tuple(range(6)), SamplingParams(max_tokens=5))
     state = spec.add_request(state, "b", tuple(range(20, 26)), SamplingParams(max_tokens=5))
     hit_own = False
+    bound = drain_within(state)
     while spec.has_unfinished_requests(state):
+        bound.tick(state)
         before = state
         state, plan = checked_step(state)
         waiting = {r.request_id: r for r in before.waiting}
@@ -153,10 +158,13 @@ def test_no_hit_on_a_block_an_undone_chunk_keyed() -> None:
     )
     repro = Path(__file__).parents[1] / "peers" / "repros" / "undone_chunk_keys.jsonl"
     pending = read_workload(repro)
+    last = max(r.arrival_step for r in pending)
+    bound = workload_bound(config, ((r.prompt, r.params) for r in pending), last_arrival=last)
     state = spec.init_state(config)
     written: set[tuple[int, int]] = set()  # (block, position) some chunk computed
     undone = preemptions = 0
     while pending or spec.has_unfinished_requests(state):
+        bound.tick(state)
         while pending and pending[0].arrival_step <= state.num_steps:
             r = pending.pop(0)
             state = spec.add_request(state, r.request_id, r.prompt, r.params)
