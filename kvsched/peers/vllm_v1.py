@@ -169,7 +169,7 @@ def max_model_len(config: SchedulerConfig) -> int:
     return MAX_MODEL_LEN if config.enable_chunked_prefill else config.max_num_batched_tokens
 
 
-def _build(config: SchedulerConfig) -> Any:
+def _build(config: SchedulerConfig, *, long_prefill_token_threshold: int = 0) -> Any:
     v = _import()
     scheduler_config = v["SchedulerConfig"](
         max_num_seqs=config.max_num_seqs,
@@ -178,6 +178,7 @@ def _build(config: SchedulerConfig) -> Any:
         enable_chunked_prefill=config.enable_chunked_prefill,
         policy=_POLICIES[config.policy],
         is_encoder_decoder=False,
+        long_prefill_token_threshold=long_prefill_token_threshold,
     )
     model_config = v["ModelConfig"](
         model=v["model_dir"],
@@ -221,15 +222,23 @@ def _build(config: SchedulerConfig) -> Any:
 
 
 class VllmAdapter:
+    """vLLM's scheduler driven as ``EngineCore.step`` drives it.
+
+    ``long_prefill_token_threshold`` is passed to vLLM's ``SchedulerConfig`` as is; the
+    spec does not model it yet (issue 19 part 3), so a lockstep run with it set diverges
+    at the first chunk it caps: only tests that drive vLLM alone set it (V11's second
+    trigger, tests/peers/test_known_bugs.py).
+    """
+
     name = NAME
     semantics = "vllm-v1"
 
-    def __init__(self, config: SchedulerConfig) -> None:
+    def __init__(self, config: SchedulerConfig, *, long_prefill_token_threshold: int = 0) -> None:
         check_config(config)
         self.config = config
         self.max_model_len = max_model_len(config)
         self.v = _import()
-        self.scheduler = _build(config)
+        self.scheduler = _build(config, long_prefill_token_threshold=long_prefill_token_threshold)
         # With prefix caching each Request hashes its full blocks (as EngineCore sets up).
         self.block_hasher: Any = None
         if config.enable_prefix_caching:
