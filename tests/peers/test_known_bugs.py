@@ -19,7 +19,7 @@ from kvsched.peers import make_peer
 from kvsched.peers.known import N2_N6, N5, N12, V11, KnownBug, classify, installed_version
 from kvsched.peers.lockstep import run_workload
 from kvsched.peers.protocol import PeerFailure
-from kvsched.peers.vllm_v1 import VllmAdapter
+from kvsched.peers.vllm_v1 import VllmAdapter, VllmOptions
 from kvsched.workload import WorkloadRequest, read_workload
 from spec.oracle import HashOracle
 from spec.types import InvalidRequestError, SamplingParams, SchedulerConfig, Semantics
@@ -210,7 +210,7 @@ def test_v11_every_hit_block_was_written_by_a_forward(trigger: str) -> None:
     hits V's block of position 4; V hits its own block of positions 80-95)."""
     require_peer("vllm")
     config, threshold, file = V11_TRIGGERS[trigger]
-    peer = VllmAdapter(config, long_prefill_token_threshold=threshold)
+    peer = VllmAdapter(config, VllmOptions(long_prefill_token_threshold=threshold))
     scheduler = peer.scheduler
     block_size = config.block_size
     written: set[tuple[int, int]] = set()  # (vLLM block id, position) a forward computed
