@@ -10,6 +10,7 @@ feature on as with both off: the first check of every scenario.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 from importlib import metadata
 
@@ -34,8 +35,16 @@ def _vllm() -> None:
     require_peer("vllm")
 
 
+@functools.cache
 def run(name: str) -> Trace:
+    """A scenario's trace, computed once per test session (each costs a vLLM config)."""
     return trace(SCENARIOS[name])
+
+
+@functools.cache
+def run_plain(name: str) -> Trace:
+    """The same scenario with async scheduling and speculative decoding off."""
+    return trace(synchronous(SCENARIOS[name]))
 
 
 @pytest.mark.parametrize("name", sorted(SCENARIOS))
@@ -43,7 +52,7 @@ def test_outputs_equal_the_synchronous_plain_run(name: str) -> None:
     """Async scheduling delays when outputs are applied, speculative decoding how many
     tokens a step samples; neither changes a greedy model's tokens, nor why a request
     stops (an aborted one is in neither)."""
-    ours, plain = run(name), trace(synchronous(SCENARIOS[name]))
+    ours, plain = run(name), run_plain(name)
     assert ours.outputs == plain.outputs and ours.reasons == plain.reasons
 
 
@@ -89,7 +98,7 @@ def test_async_a_victim_with_an_output_in_flight_still_gets_it() -> None:
     assert ("r1", (5,)) in steps[1].sampled
     assert steps[2].scheduled == () and [f.request_id for f in steps[2].finished] == ["r0"]
     assert steps[3].scheduled == (("r1", 0, 3),)  # prompt + the delivered token
-    plain = trace(synchronous(SCENARIOS["async-preempt-in-flight"])).steps
+    plain = run_plain("async-preempt-in-flight").steps
     assert plain[2].scheduled == (("r1", 0, 3),)  # one step earlier without async
 
 
@@ -101,7 +110,7 @@ def test_async_a_request_stopped_in_flight_can_still_be_preempted() -> None:
     assert result.steps[1].preempted == ("r1",) and result.steps[1].stale == ("r1",)
     (r1,) = [f for f in result.steps[1].finished if f.request_id == "r1"]
     assert r1.finish_reason.value == "stop" and r1.num_preemptions == 1
-    plain = trace(synchronous(SCENARIOS["async-victim-already-stopped"]))
+    plain = run_plain("async-victim-already-stopped")
     assert not any(step.preempted for step in plain.steps)
 
 
@@ -127,7 +136,7 @@ def test_async_keys_a_decodes_block_one_step_later() -> None:
     in the same step, does not hit it (it does without async: PC2's same-step hit)."""
     steps = run("async-prefix-keys").steps
     assert ("r1", 0, 5) in steps[1].scheduled
-    plain = trace(synchronous(SCENARIOS["async-prefix-keys"])).steps
+    plain = run_plain("async-prefix-keys").steps
     assert ("r1", 4, 1) in plain[1].scheduled
 
 
