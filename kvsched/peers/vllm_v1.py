@@ -298,11 +298,11 @@ class EngineStep:
     ``spec_decode`` the drafts scheduled (vLLM's ``scheduled_spec_decode_tokens``;
     ``-1`` pads a new decode to the drafts' width), ``placeholders`` each scheduled
     request's ``num_output_placeholders`` after ``schedule()`` (async scheduling).
-    Of the processed step's outputs: ``sampled`` the tokens the model runner returned
-    for each live request (accepted drafts, then one more), ``rejected`` the drafts it
-    rejected, ``stale`` the requests preempted since that step was scheduled (their
-    output is still delivered), ``discarded`` the requests no longer live (finished or
-    aborted since: their output is dropped).
+    Of the processed step's outputs: ``sampled`` the tokens ``update_from_output``
+    appended to each request (accepted drafts, then one more; cut after a stop),
+    ``rejected`` the drafts the model runner rejected, ``stale`` the requests preempted
+    since that step was scheduled (their output is still delivered), ``discarded`` the
+    requests no longer live (finished or aborted since: their output is dropped).
     """
 
     step: int
