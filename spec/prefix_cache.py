@@ -304,13 +304,17 @@ def unkey_undone_chunk(
 
     PC2 keys the blocks a chunk fills when it is scheduled, before any forward writes
     them. When vllm-v1/priority-victim-any-running undoes the chunk, no forward ever
-    will, so the blocks it filled (full at ``end``, not at ``start``) leave the cache
-    before the victim frees them (unkeyed, they go to the head of the free queue, PC6).
-    vLLM keeps their hashes (``kv_cache_manager.py:606-616`` keys at scheduling,
-    ``scheduler.py:1571-1613`` frees keeping them): usually the request that needed the
-    blocks takes them straight back, but when it then preempts itself a later request
-    can hit a block whose K/V no forward wrote. That is a bug in the peer
-    (docs/peers.md V11), which the profile does not copy; lockstep classifies the
+    will, so every block it filled (full at ``end``, not at ``start``: one for a decode,
+    several for a prefill chunk) leaves the cache before the victim frees it (unkeyed,
+    it goes to the head of the free queue, PC6). vLLM keeps their hashes
+    (``kv_cache_manager.py:606-616`` keys at scheduling, ``scheduler.py:1571-1613`` frees
+    keeping them): usually the request that needed the blocks takes them straight
+    back, but a request can then hit a block whose K/V no forward wrote when (1) the
+    requester then preempts itself (a later request hits it), or (2) the chunk filled
+    several blocks and the requester takes back only one (the victim itself hits the
+    others when it comes back; vLLM reaches it with ``long_prefill_token_threshold``,
+    which this profile does not model yet). That is a bug in the peer (docs/peers.md
+    V11), which the profile does not copy under either trigger; lockstep classifies the
     divergence it makes (``kvsched.peers.known.V11``).
 
     pre: block_size >= 1

@@ -11,7 +11,14 @@ import spec
 from kvsched.workload import read_workload
 from spec.invariants import plan_violations, state_violations
 from spec.oracle import HashOracle
-from spec.prefix_cache import longest_hit, max_hit_blocks, release, take, touch
+from spec.prefix_cache import (
+    longest_hit,
+    max_hit_blocks,
+    release,
+    take,
+    touch,
+    unkey_undone_chunk,
+)
 from spec.profiles import full_sequence_fits
 from spec.scheduler import StepDraft, schedule_running, step
 from spec.types import (
@@ -184,3 +191,19 @@ def test_no_hit_on_a_block_an_undone_chunk_keyed() -> None:
             )
         preemptions += len(plan.preempted)
     assert undone >= 1 and preemptions >= 2
+
+
+def test_an_undone_prefill_chunk_gives_back_the_keys_of_every_block_it_filled() -> None:
+    """vllm-v1/undone-chunk-unkeyed for V11's second trigger (docs/peers.md): V's chunk
+    [80, 112) keyed two blocks of 16 when it was scheduled (vLLM reaches this with
+    long_prefill_token_threshold 32, tests/peers/repros/undone_prefill_chunk_keys.jsonl);
+    undone, it gives back both keys, and the five blocks earlier chunks wrote keep theirs,
+    so V's own re-admission hits positions 0-79 at most."""
+    tokens = tuple(range(1, 128))
+    blocks = (6, 5, 4, 3, 2, 1, 0)  # V's table: position p is in blocks[p // 16]
+    cache = PrefixCacheState(
+        free_queue=(7,), cached=tuple((tokens[: 16 * (i + 1)], b) for i, b in enumerate(blocks))
+    )
+    after = unkey_undone_chunk(cache, blocks, start=80, end=112, block_size=16)
+    assert after.cached == cache.cached[:5]
+    assert after.free_queue == cache.free_queue
