@@ -15,6 +15,7 @@ from typing import Final, cast
 from hypothesis import seed, settings
 from hypothesis.stateful import run_state_machine_as_test
 
+from tests.campaign.progress import watched
 from tests.stateful.base import RecordedMachine
 from tests.stateful.coverage import RunRecord, write_report
 from tests.stateful.profiles import machine_settings
@@ -43,7 +44,8 @@ def run_differential(machine: type[RecordedMachine], required: Collection[str]) 
         profile = f"{profile}, seed {chosen_seed}"
     start = time.process_time()
     try:
-        run_state_machine_as_test(machine, settings=machine_settings(name))
+        with watched(name, record):  # a campaign worker reads the record live
+            run_state_machine_as_test(machine, settings=machine_settings(name))
     finally:
         record.stats.cpu_seconds = time.process_time() - start
     missing = sorted(set(required) - set(record.coverage))

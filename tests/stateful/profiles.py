@@ -51,6 +51,18 @@ SIZES: Final[Mapping[str, Mapping[str, Size]]] = {
         "PrefixSchedulerDifferential": Size(10_000, 100, targeting=True),
         "PrefixEngineDifferential": Size(2_000, 60, targeting=True),
     },
+    # scripts/campaign: nightly's rules per example; the worker sets the examples of
+    # each run (KVSCHED_STATEFUL_EXAMPLES) to fill its time slice. No target phase: the
+    # runs are a few hundred examples each.
+    "campaign": {
+        "SchedulerDifferential": Size(20_000, 100),
+        "EngineDifferential": Size(6_000, 60),
+        "VllmMachine": Size(5_000, 50),
+        "VllmPrefixMachine": Size(5_000, 50),
+        "NanoVllmMachine": Size(5_000, 50),
+        "PrefixSchedulerDifferential": Size(10_000, 100),
+        "PrefixEngineDifferential": Size(2_000, 60),
+    },
     "mutation": {
         "SchedulerDifferential": Size(1_000, 40),
         "EngineDifferential": Size(200, 30),
