@@ -84,6 +84,14 @@ class Progress:
             totals.runs += 1
             self.last = LastRun(live.name, stats.examples, stats.steps)
 
+    def rate(self, nodeid: str) -> float | None:
+        """Examples per second of the test ``nodeid``'s machine so far (None: not run yet)."""
+        with self.lock:
+            for totals in self.machines.values():
+                if totals.nodeid == nodeid and totals.seconds > 0:
+                    return totals.examples / totals.seconds
+            return None
+
     def take_last(self) -> LastRun | None:
         """The machine run that ended last (since the previous call), if any."""
         with self.lock:

@@ -35,7 +35,9 @@ from tests.campaign import environment, progress
 from tests.stateful.harness import run_differential
 
 #: The examples of a machine's first run, before its rate is known.
-FIRST_RUN_EXAMPLES: Final = 5
+FIRST_RUN_EXAMPLES: Final = 3
+#: How long a run is sized to take (see ``Worker.run_slice``).
+RUN_SECONDS: Final = 15.0
 #: Do not start a run in the last second of a slice.
 MIN_RUN_SECONDS: Final = 1.0
 #: The automatic slice: every machine gets a turn in a finite campaign, within these.
@@ -119,25 +121,29 @@ class Worker:
         return max(low, min(high, share))
 
     def run_slice(self, item: pytest.Item, seconds: float) -> bool:
-        """Run ``item`` for about ``seconds``; whether it passed every run."""
+        """Run ``item`` for about ``seconds``; whether it passed every run.
+
+        Each run gets the examples that the machine's rate so far (in this worker) says
+        fill ``RUN_SECONDS`` or what is left of the slice: examples vary a lot in size,
+        so short runs keep the overrun of a slice, and of the deadline, short.
+        """
         end = time.time() + seconds
-        rate: float | None = None  # examples per second, measured on this slice's runs
-        while (left := end - time.time()) > MIN_RUN_SECONDS or rate is None:
-            examples = FIRST_RUN_EXAMPLES if rate is None else max(1, int(rate * left))
+        ran = False
+        while not ran or end - time.time() > MIN_RUN_SECONDS:
+            rate = self.progress.rate(item.nodeid)
+            target = min(end - time.time(), RUN_SECONDS)
+            examples = FIRST_RUN_EXAMPLES if rate is None else max(1, int(rate * target))
             os.environ["KVSCHED_STATEFUL_EXAMPLES"] = str(examples)
             os.environ["KVSCHED_STATEFUL_SEED"] = str(self.random.getrandbits(63))
             self.progress.nodeid = item.nodeid
             self.progress.take_last()
-            started = time.time()
             item.ihook.pytest_runtest_protocol(item=item, nextitem=None)
             if self.outcome != "passed":
                 return False
             last = self.progress.take_last()
-            if last is not None and last.examples:
-                rate = last.examples / max(time.time() - started, 1e-3)
-            else:
-                rate = 0.0  # nothing ran (no examples counted): move on
-                break
+            if last is None or not last.examples:
+                break  # the test ran no machine example: nothing to size on
+            ran = True
         return True
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
