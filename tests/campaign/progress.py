@@ -50,6 +50,7 @@ class LastRun:
     name: str
     examples: int
     steps: int
+    seconds: float
 
 
 @dataclass
@@ -79,10 +80,11 @@ class Progress:
             totals = self.machines.setdefault(live.name, MachineTotals(self.nodeid))
             totals.examples += stats.examples
             totals.steps += stats.steps
-            totals.seconds += time.time() - live.started
+            seconds = time.time() - live.started
+            totals.seconds += seconds
             totals.cpu_seconds += time.process_time() - live.cpu_started
             totals.runs += 1
-            self.last = LastRun(live.name, stats.examples, stats.steps)
+            self.last = LastRun(live.name, stats.examples, stats.steps, seconds)
 
     def rate(self, nodeid: str) -> float | None:
         """Examples per second of the test ``nodeid``'s machine so far (None: not run yet)."""
@@ -101,13 +103,17 @@ class Progress:
     def failure(self, nodeid: str, summary: str) -> None:
         """Record a failed run of the test ``nodeid`` (its machine: the last one run)."""
         with self.lock:
-            name = self.last.name if self.last is not None else nodeid
+            last = self.last
             self.failures.append(
                 {
-                    "machine": name,
+                    "machine": last.name if last is not None else nodeid,
                     "nodeid": nodeid,
                     "summary": summary,
                     "seconds": time.time() - self.started,
+                    # The failing run: a long one found and shrank it; one that fails
+                    # at once usually replayed it from the database.
+                    "run_examples": last.examples if last is not None else 0,
+                    "run_seconds": last.seconds if last is not None else 0.0,
                 }
             )
 

@@ -148,7 +148,8 @@ class Worker:
     stats: Path
     log: Path
     process: subprocess.Popen[bytes]
-    last: dict[str, Any] = field(default_factory=dict)
+    last: dict[str, Any] = field(default_factory=dict)  # its progress file, last read
+    shown: tuple[int, float] = (0, 0.0)  # steps and time at the last progress line
 
     def snapshot(self) -> dict[str, Any]:
         data = read(self.stats)
@@ -159,6 +160,18 @@ class Worker:
     def totals(self) -> tuple[int, int]:
         machines = self.last.get("machines", {}).values()
         return sum(m["examples"] for m in machines), sum(m["steps"] for m in machines)
+
+    def progress(self) -> tuple[int, int, float, str]:
+        """Examples, steps, steps/s since the last call, what it runs now."""
+        data = self.snapshot()
+        examples, steps = self.totals()
+        updated = data.get("updated", 0.0)
+        shown_steps, shown_at = self.shown
+        since = updated - (shown_at or data.get("started", updated))
+        self.shown = (steps, updated)
+        rate = (steps - shown_steps) / since if since > 0 else 0.0
+        state = "done" if data.get("done") else data.get("current") or "starting"
+        return examples, steps, rate, state
 
     def log_tail(self, lines: int = 15) -> str:
         try:
@@ -225,29 +238,17 @@ def load() -> str:
     return "/".join(f"{x:.1f}" for x in os.getloadavg())
 
 
-def progress_lines(workers: list[Worker], elapsed: float, previous: dict[int, int]) -> list[str]:
+def progress_lines(workers: list[Worker], elapsed: float) -> list[str]:
     """One line for the campaign, one per worker: examples, steps, steps/s since the last."""
-    lines = []
-    total_examples = total_steps = total_rate = 0.0
-    for w in workers:
-        data = w.snapshot()
-        examples, steps = w.totals()
-        since = data.get("updated", 0) - previous.get(-w.index - 1, data.get("started", 0))
-        rate = (steps - previous.get(w.index, 0)) / since if since > 0 else 0.0
-        previous[w.index], previous[-w.index - 1] = steps, data.get("updated", 0)
-        total_examples, total_steps, total_rate = (
-            total_examples + examples,
-            total_steps + steps,
-            total_rate + rate,
-        )
-        state = "done" if data.get("done") else data.get("current") or "starting"
-        lines.append(
-            f"  worker {w.index}  {state:<28} {examples:>8,} examples {steps:>11,} steps "
-            f"{rate:>8,.0f} steps/s"
-        )
+    rows = [w.progress() for w in workers]
+    lines = [
+        f"  worker {w.index}  {state:<28} {examples:>8,} examples {steps:>11,} steps "
+        f"{rate:>8,.0f} steps/s"
+        for w, (examples, steps, rate, state) in zip(workers, rows, strict=True)
+    ]
     head = (
-        f"campaign {elapsed:>6.0f} s  load {load()}  {int(total_examples):,} examples  "
-        f"{int(total_steps):,} differential steps  {total_rate:,.0f} steps/s"
+        f"campaign {elapsed:>6.0f} s  load {load()}  {sum(r[0] for r in rows):,} examples  "
+        f"{sum(r[1] for r in rows):,} differential steps  {sum(r[2] for r in rows):,.0f} steps/s"
     )
     return [head, *lines]
 
@@ -262,7 +263,6 @@ def wait_for(
     workers: list[Worker], args: argparse.Namespace, deadline: float, start: float
 ) -> bool:
     """Print progress until every worker ended; whether the campaign was interrupted."""
-    previous: dict[int, int] = {}
     interrupted = False
     next_line = time.time() + args.every
     try:
@@ -270,7 +270,7 @@ def wait_for(
             time.sleep(0.2)
             now = time.time()
             if now >= next_line:
-                print("\n".join(progress_lines(workers, now - start, previous)), flush=True)
+                print("\n".join(progress_lines(workers, now - start)), flush=True)
                 next_line = now + args.every
             if now > deadline + GRACE_SECONDS:
                 print(
@@ -296,18 +296,30 @@ def wait_for(
     return interrupted
 
 
-def unique_failures(workers: list[Worker]) -> list[dict[str, Any]]:
-    """One entry per failing test: the worker that failed first, the others that followed."""
+def failures(workers: list[Worker], url: str) -> list[dict[str, Any]]:
+    """Per failing test: every worker's failing run (by time), and the replay command.
+
+    Which worker *found* a failure the report does not claim: a worker saves each
+    smaller failing example while it shrinks, so another one can replay it from the
+    database (and report it, unshrunk further) before the finder has finished."""
     by_test: dict[str, dict[str, Any]] = {}
-    found = sorted(
+    runs = sorted(
         ({**f, "worker": w.index} for w in workers for f in w.last.get("failures", [])),
         key=lambda f: f["seconds"],
     )
-    for f in found:
-        if f["nodeid"] in by_test:
-            by_test[f["nodeid"]]["also"].append({"worker": f["worker"], "seconds": f["seconds"]})
-        else:
-            by_test[f["nodeid"]] = {**f, "also": []}
+    for run in runs:
+        entry = by_test.setdefault(
+            run["nodeid"],
+            {
+                "machine": run["machine"],
+                "nodeid": run["nodeid"],
+                "runs": [],
+                "replay": replay_command(url, run["nodeid"]),
+            },
+        )
+        entry["runs"].append(
+            {k: run[k] for k in ("worker", "seconds", "run_examples", "run_seconds", "summary")}
+        )
     return list(by_test.values())
 
 
@@ -368,9 +380,7 @@ def report(
         **rates({**total, "seconds": wall}),
         "load": {"start": loads[0], "end": loads[1]},
         "database_usage": usage,
-        "failures": [
-            {**f, "replay": replay_command(args.db, f["nodeid"])} for f in unique_failures(workers)
-        ],
+        "failures": failures(workers, args.db),
         "skipped": skipped,
         # Workers stopped inside a run: one may have been shrinking a failure, which the
         # database holds (Hypothesis saves each smaller failing example as it finds it).
@@ -430,14 +440,14 @@ def print_report(result: dict[str, Any], rev: Revision, workers: list[Worker]) -
     if not result["failures"]:
         print("  no failure found")
     for f in result["failures"]:
-        also = ", ".join(f"worker {a['worker']} at {a['seconds']:.0f} s" for a in f["also"])
+        print(f"  FAILED {f['machine']} ({f['nodeid']})")
+        for run in f["runs"]:
+            print(
+                f"    worker {run['worker']} at {run['seconds']:.0f} s, a run of "
+                f"{run['run_examples']} examples in {run['run_seconds']:.0f} s: {run['summary']}"
+            )
         print(
-            f"  FAILED {f['machine']} ({f['nodeid']}): found by worker {f['worker']} at "
-            f"{f['seconds']:.0f} s" + (f" (then replayed by {also})" if also else "")
-        )
-        print(f"    {f['summary']}")
-        print(
-            f"    replay it on any machine with this revision and access to the database:\n"
+            "    replay it on any machine with this revision and access to the database:\n"
             f"      {f['replay']}"
         )
 

@@ -126,7 +126,7 @@ def test_a_planted_failure_is_found_and_replayed_from_redis_alone(
     result = json.loads(report.read_text())
     (failure,) = result["failures"]
     assert failure["machine"] == "SchedulerDifferential"
-    assert failure["summary"].startswith("InvariantViolation: [plan_matches_spec]")
+    assert failure["runs"][0]["summary"].startswith("InvariantViolation: [plan_matches_spec]")
     assert f"--replay --db {redis_url} {NODE}" in failure["replay"]
     assert result["steps"] > 0 and result["database_usage"]["sadd"] > 0
 
