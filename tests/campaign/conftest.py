@@ -52,6 +52,38 @@ def answers(port: int) -> bool:
         return False
 
 
+def start_server(server: str, folder: Path) -> tuple[subprocess.Popen[bytes], int]:
+    """A ``redis-server`` answering on a free loopback port (another port if the one
+    found free was taken before the server bound it)."""
+    exits = []
+    for _ in range(3):
+        port = free_port()
+        process = subprocess.Popen(
+            [
+                server,
+                "--port",
+                str(port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ],
+            cwd=folder,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + STARTUP_SECONDS
+        while process.poll() is None and time.monotonic() < deadline:
+            if answers(port):
+                return process, port
+            time.sleep(0.05)
+        process.kill()
+        exits.append(process.wait())
+    pytest.fail(f"redis-server did not start on a free loopback port (exits {exits})")
+
+
 @pytest.fixture(scope="session")
 def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """``redis://127.0.0.1:PORT/0`` of a fresh server, stopped after the session."""
@@ -59,20 +91,9 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     require(None if server else "redis-server is not installed (apt-get install redis-server)")
     require_redis_client()
     assert server is not None
-    port = free_port()
     folder: Path = tmp_path_factory.mktemp("redis")
-    process = subprocess.Popen(
-        [server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-        cwd=folder,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    process, port = start_server(server, folder)
     try:
-        deadline = time.monotonic() + STARTUP_SECONDS
-        while not answers(port):
-            if process.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"redis-server on port {port} did not start (exit {process.poll()})")
-            time.sleep(0.05)
         yield f"redis://127.0.0.1:{port}/0"
     finally:
         process.terminate()

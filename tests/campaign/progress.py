@@ -64,7 +64,7 @@ class Progress:
     nodeid: str = ""  # the test item running now
     live: Live | None = None
     last: LastRun | None = None
-    done: bool = False
+    ended: str | None = None  # "finished" (its loop ran out), or how pytest ended
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def begin(self, name: str, record: RunRecord) -> None:
@@ -140,7 +140,7 @@ class Progress:
                 "machines": machines,
                 "failures": list(self.failures),
                 "skipped": dict(self.skipped),
-                "done": self.done,
+                "ended": self.ended,
             }
 
     def write(self) -> None:
@@ -149,7 +149,7 @@ class Progress:
         tmp.replace(self.path)  # a reader never sees half a file
 
     def keep_writing(self) -> None:
-        while not self.done:
+        while self.ended is None:
             self.write()
             time.sleep(INTERVAL)
 

@@ -44,6 +44,8 @@ DEFAULT_DB: Final = ROOT / ".hypothesis" / "campaign"
 #: After the deadline, how long a worker may take to end its run (an example, or the
 #: shrinking of a failure it found) before it is interrupted.
 GRACE_SECONDS: Final = 120.0
+#: pytest's exit status when it collected (or kept) no test.
+NO_TESTS_COLLECTED: Final = 5
 #: Environment a replay needs to reproduce the campaign's examples exactly.
 PASSED_ON: Final = ("KVSCHED_STATEFUL_STEPS",)
 
@@ -170,7 +172,7 @@ class Worker:
         since = updated - (shown_at or data.get("started", updated))
         self.shown = (steps, updated)
         rate = (steps - shown_steps) / since if since > 0 else 0.0
-        state = "done" if data.get("done") else data.get("current") or "starting"
+        state = "done" if data.get("ended") else data.get("current") or "starting"
         return examples, steps, rate, state
 
     def log_tail(self, lines: int = 15) -> str:
@@ -385,9 +387,9 @@ def report(
         # Workers stopped inside a run: one may have been shrinking a failure, which the
         # database holds (Hypothesis saves each smaller failing example as it finds it).
         "cut_short": [
-            {"worker": w.index, "machine": w.last["current"], "nodeid": w.last["nodeid"]}
+            {"worker": w.index, "nodeid": w.last["nodeid"]}
             for w in workers
-            if not w.last.get("done") and w.last.get("current")
+            if w.last.get("ended") != "finished" and w.last.get("nodeid")
         ],
     }
 
@@ -426,14 +428,16 @@ def print_report(result: dict[str, Any], rev: Revision, workers: list[Worker]) -
     for nodeid, reason in result["skipped"].items():
         print(f"  skipped {nodeid}: {reason}")
     for w in workers:
-        if w.process.returncode not in (0, 1, None) and not w.last.get("done"):
+        if w.process.returncode == NO_TESTS_COLLECTED:
+            print(f"  worker {w.index} selected no machine test: check the paths and -k")
+        elif w.process.returncode not in (0, 1) and not result["interrupted"]:
             print(
                 f"  worker {w.index} ended with exit status {w.process.returncode}; its log "
                 f"({w.log}) ends:\n{w.log_tail()}"
             )
     for c in result["cut_short"]:
         print(
-            f"  worker {c['worker']} was stopped inside a run of {c['machine']}; if it was "
+            f"  worker {c['worker']} was stopped inside a run of {c['nodeid']}; if it was "
             f"shrinking a failure, the database holds it:\n"
             f"      {replay_command(result['database'], c['nodeid'])}"
         )

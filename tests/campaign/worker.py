@@ -110,7 +110,7 @@ class Worker:
                 turn += 1
             else:
                 rotation.remove(item)
-        self.finish()
+        self.progress.ended = "finished"
         return True
 
     def auto_slice(self, machines: int) -> float:
@@ -157,11 +157,10 @@ class Worker:
             self.outcome = "failed"
             self.progress.failure(report.nodeid, failure_summary(report.longreprtext))
 
-    def pytest_sessionfinish(self) -> None:
-        self.finish()
-
-    def finish(self) -> None:
-        self.progress.done = True
+    def pytest_sessionfinish(self, exitstatus: int) -> None:
+        if self.progress.ended is None:  # stopped by Ctrl-C, the campaign, or an error
+            interrupted = exitstatus == pytest.ExitCode.INTERRUPTED
+            self.progress.ended = "interrupted" if interrupted else f"pytest exit {exitstatus}"
         self.progress.write()
 
 
