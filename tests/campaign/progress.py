@@ -36,6 +36,18 @@ class MachineTotals:
     cpu_seconds: float = 0.0  # this process's CPU time inside them
     runs: int = 0
 
+    def plus(self, live: Live) -> MachineTotals:
+        """These totals with ``live``'s run (so far) added."""
+        stats = live.record.stats
+        return MachineTotals(
+            self.nodeid,
+            self.examples + stats.examples,
+            self.steps + stats.steps,
+            self.seconds + time.time() - live.started,
+            self.cpu_seconds + time.process_time() - live.cpu_started,
+            self.runs + 1,
+        )
+
 
 @dataclass
 class Live:
@@ -76,14 +88,10 @@ class Progress:
         with self.lock:
             live, self.live = self.live, None
             assert live is not None
+            totals = self.machines.get(live.name, MachineTotals(self.nodeid))
+            self.machines[live.name] = totals.plus(live)
             stats = live.record.stats
-            totals = self.machines.setdefault(live.name, MachineTotals(self.nodeid))
-            totals.examples += stats.examples
-            totals.steps += stats.steps
             seconds = time.time() - live.started
-            totals.seconds += seconds
-            totals.cpu_seconds += time.process_time() - live.cpu_started
-            totals.runs += 1
             self.last = LastRun(live.name, stats.examples, stats.steps, seconds)
 
     def rate(self, nodeid: str) -> float | None:
@@ -119,25 +127,19 @@ class Progress:
 
     def snapshot(self) -> dict[str, object]:
         with self.lock:
-            machines = {name: asdict(t) for name, t in self.machines.items()}
-            current = None
-            if self.live is not None:
-                live = self.live
-                current = live.name
-                totals = machines.setdefault(live.name, asdict(MachineTotals(self.nodeid)))
-                totals["examples"] += live.record.stats.examples
-                totals["steps"] += live.record.stats.steps
-                totals["seconds"] += time.time() - live.started
-                totals["cpu_seconds"] += time.process_time() - live.cpu_started
+            machines = dict(self.machines)
+            live = self.live
+            if live is not None:
+                machines[live.name] = machines.get(live.name, MachineTotals(self.nodeid)).plus(live)
             return {
                 **self.info,
                 "pid": os.getpid(),
                 "started": self.started,
                 "updated": time.time(),
                 "cpu_seconds": time.process_time(),
-                "current": current,
+                "current": live.name if live is not None else None,
                 "nodeid": self.nodeid,  # the test running now (or last)
-                "machines": machines,
+                "machines": {name: asdict(t) for name, t in machines.items()},
                 "failures": list(self.failures),
                 "skipped": dict(self.skipped),
                 "ended": self.ended,

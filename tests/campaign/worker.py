@@ -5,11 +5,11 @@ It keeps, of the collected tests, the *machine tests*: those that run a machine 
 ``tests.stateful.harness.run_differential`` (every differential and peer machine, found
 by what the test calls, not by its name, so a new machine joins the campaign by being
 a machine test). Then it runs them round-robin, each for a time slice, starting at its
-own index so that the workers of a machine start on different machines. A slice is one
+own place so that the workers of a machine start on different machines. A slice is one
 or more *runs* of the test, each with its own seed (``KVSCHED_STATEFUL_SEED``, drawn
-from the worker's seed) and an example count sized from the machine's measured rate to
-end with the slice (``KVSCHED_STATEFUL_EXAMPLES``); the campaign profile gives each run
-the shared database, so every run starts by replaying what any worker saved there.
+from the worker's seed) and the examples (``KVSCHED_STATEFUL_EXAMPLES``) that the
+machine's rate so far says take ``RUN_SECONDS``; the campaign profile gives each run the
+shared database, so every run starts by replaying what any worker saved there.
 
 A machine that fails leaves the rotation (its failure is in the database; every other
 worker replays it at its next run of that machine, fails too, and drops it as well); a
@@ -64,8 +64,7 @@ def failure_summary(text: str) -> str:
 
 
 class Worker:
-    def __init__(self, config: pytest.Config) -> None:
-        self.config = config
+    def __init__(self) -> None:
         self.index = int(os.environ.get(environment.WORKER) or 0)
         self.seed = int(os.environ.get(environment.SEED) or random.SystemRandom().getrandbits(63))
         self.random = random.Random(self.seed)
@@ -166,4 +165,4 @@ class Worker:
 
 def pytest_configure(config: pytest.Config) -> None:
     if os.environ.get(environment.STATS):
-        config.pluginmanager.register(Worker(config), "kvsched-campaign-worker")
+        config.pluginmanager.register(Worker(), "kvsched-campaign-worker")
