@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from tests.campaign import environment
-from tests.campaign.location import CampaignError, Location, describe_meta
+from tests.campaign.location import CampaignError, Location, describe_meta, redis_client
 from tests.campaign.revision import Revision, revision
 
 ROOT: Final = Path(__file__).resolve().parents[2]
@@ -183,10 +183,15 @@ class Worker:
 
 
 def redis_usage(location: Location) -> dict[str, int]:
-    """The server's counters this report divides by the examples (every client counts)."""
+    """The server's counters this report divides by the examples (every client counts;
+    none if the server cannot be asked)."""
     client = location.redis()
-    stats = client.info("stats")
-    commands = client.info("commandstats")
+    try:
+        stats = client.info("stats")
+        commands = client.info("commandstats")
+    except redis_client().RedisError as err:
+        print(f"campaign: cannot read the Redis server's counters: {err}")
+        return {}
     usage = {
         "commands": int(stats["total_commands_processed"]),
         "bytes_in": int(stats["total_net_input_bytes"]),
@@ -463,7 +468,7 @@ def campaign(args: argparse.Namespace, location: Location, rev: Revision) -> int
     folder = Path(tempfile.mkdtemp(prefix="kvsched-campaign-"))
     start = time.time()
     deadline = start + args.seconds if args.seconds else float("inf")
-    loads = (load(), "")
+    load_at_start = load()
     print(
         f"campaign: {args.workers} workers, revision {rev.describe()}, database {location.url}, "
         f"{f'{args.seconds:g} s' if args.seconds else 'until Ctrl-C'}, logs in {folder}",
@@ -474,11 +479,11 @@ def campaign(args: argparse.Namespace, location: Location, rev: Revision) -> int
     wall = time.time() - start
     if location.is_redis:
         after = redis_usage(location)
-        usage = {k: after[k] - usage_before[k] for k in after}
+        usage = {k: after[k] - usage_before[k] for k in after if k in usage_before}
     else:
         usage = directory_usage(location.directory / rev.key)
     result = report(
-        args=args, rev=rev, workers=workers, wall=wall, usage=usage, loads=(loads[0], load())
+        args=args, rev=rev, workers=workers, wall=wall, usage=usage, loads=(load_at_start, load())
     )
     result["interrupted"] = interrupted
     print_report(result, rev, workers)
@@ -516,13 +521,13 @@ def replay(args: argparse.Namespace, location: Location, rev: Revision) -> int:
                 f"campaign: warning: the campaign ran with {name}={held[key].get(name)}, this "
                 f"replay with {os.environ.get(name)}: its examples may not replay"
             )
-    stats = Path(tempfile.mkdtemp(prefix="kvsched-replay-")) / "replay.json"
-    env = base_env(location, stats)
-    env.update({environment.REPLAY: key, "KVSCHED_STATEFUL_EXAMPLES": "1"})
-    code = subprocess.run(
-        pytest_command(args.tests, args.keyword), cwd=ROOT, env=env, check=False
-    ).returncode
-    data = read(stats) or {}
+    with tempfile.TemporaryDirectory(prefix="kvsched-replay-") as folder:
+        stats = Path(folder) / "replay.json"
+        env = base_env(location, stats)
+        env.update({environment.REPLAY: key, "KVSCHED_STATEFUL_EXAMPLES": "1"})
+        command = pytest_command(args.tests, args.keyword)
+        code = subprocess.run(command, cwd=ROOT, env=env, check=False).returncode
+        data = read(stats) or {}
     replayed = sum(m["examples"] for m in data.get("machines", {}).values())
     verdict = {0: "no failure reproduced", 1: "the failure reproduced"}.get(
         code, f"pytest exit {code}"
