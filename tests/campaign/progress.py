@@ -1,6 +1,6 @@
 """A campaign worker's progress, read live from each machine run's ``RunRecord``.
 
-``harness.run_differential`` runs every machine inside ``watched(name, record)``. In a
+``harness.run_machine`` runs every machine inside ``watched(name, record)``. In a
 campaign worker (``start`` was called: tests/campaign/worker.py) a thread writes what
 the worker has checked so far to its JSON file every second: per machine the examples
 and differential steps of its finished runs plus the running one's ``record.stats``

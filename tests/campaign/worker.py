@@ -2,7 +2,7 @@
 deadline (``python -m pytest -p tests.campaign.worker ...``, started by scripts/campaign).
 
 It keeps, of the collected tests, the *machine tests*: those that run a machine through
-``tests.stateful.harness.run_differential`` (every differential and peer machine, found
+``tests.stateful.harness.run_machine`` (every differential and peer machine, found
 by what the test calls, not by its name, so a new machine joins the campaign by being
 a machine test). Then it runs them round-robin, each for a time slice, starting at its
 own place so that the workers of a machine start on different machines. A slice is one
@@ -32,7 +32,7 @@ from typing import Final
 import pytest
 
 from tests.campaign import environment, progress
-from tests.stateful.harness import run_differential
+from tests.stateful.harness import run_machine
 
 #: The examples of a machine's first run, before its rate is known.
 FIRST_RUN_EXAMPLES: Final = 3
@@ -50,7 +50,7 @@ ERROR_LINE: Final = re.compile(r"^E\s+(\S.*)$", re.MULTILINE)
 def is_machine_test(item: pytest.Item) -> bool:
     """Whether ``item`` runs a state machine through the harness."""
     return isinstance(item, pytest.Function) and (
-        run_differential.__name__ in item.function.__code__.co_names
+        run_machine.__name__ in item.function.__code__.co_names
     )
 
 
