@@ -17,6 +17,9 @@ import pytest
 from tests.campaign.conftest import require_redis_client
 from tests.campaign.location import CampaignError, Location
 from tests.campaign.revision import revision
+from tests.stateful.subjects.engine import ENGINE
+from tests.stateful.subjects.scheduler import SCHEDULER
+from tests.stateful.subjects.vllm_v1 import VLLM
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "campaign"
@@ -68,6 +71,12 @@ def test_the_revision_is_the_tested_code_and_the_versions(tmp_path: Path) -> Non
     assert second.key != first.key
     write(tmp_path / "spec" / "rules.py", "A = 2\n")
     assert revision(tmp_path).key not in (first.key, second.key)
+
+
+def test_the_campaign_runs_nightlys_rules_per_example_without_targeting() -> None:
+    for subject in (SCHEDULER, ENGINE, VLLM):
+        size = subject.sizes.of("campaign")
+        assert size.steps == subject.sizes.nightly.steps and not size.targeting
 
 
 def test_database_urls() -> None:
