@@ -118,7 +118,10 @@ def base_env(location: Location, stats: Path) -> dict[str, str]:
             "OMP_NUM_THREADS": "1",  # one core per worker
         }
     )
-    for name in ("KVSCHED_STATEFUL_EXAMPLES", "KVSCHED_STATEFUL_SEED", environment.REPLAY):
+    # KVSCHED_STATEFUL_STATS: a calling pytest's folder of run reports (tests/stateful/
+    # conftest.py), which would otherwise list the workers' runs as its own.
+    own = ("KVSCHED_STATEFUL_EXAMPLES", "KVSCHED_STATEFUL_SEED", "KVSCHED_STATEFUL_STATS")
+    for name in (*own, environment.REPLAY):
         env.pop(name, None)
     return env
 
