@@ -577,7 +577,19 @@ def make_tokens(p: SymbolicFactory, key_type: type, value_type: type) -> Mapping
         if plan is None:
             state, plan = schedule(state)
         ids = sampling_request_ids(state, plan)
-    return {rid: p(int, f"_token_{rid}") for rid in ids}
+    by_id = {r.request_id: r for r in state.running}
+    tokens: dict[str, int] = {}
+    for rid in ids:
+        request = by_id[rid]
+        token = tokens[rid] = p(int, f"_token_{rid}")
+        # R10's EOS finish: the token is the request's EOS on a quarter of the paths
+        # (else the solver's first answer rarely is; measured: D-eos-dropped was missed).
+        if choose(p, f"_token_{rid}_is_eos", 0.25):
+            with ResumedTracing():
+                eos = request.request.params.eos_token_id
+                if eos is not None:
+                    prefer(p, token == eos)
+    return tokens
 
 
 def make_prompt(p: SymbolicFactory, item_type: type) -> Sequence[int]:
