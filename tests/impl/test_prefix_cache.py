@@ -5,6 +5,7 @@ from __future__ import annotations
 from impl.prefix_cache import PrefixCachingBlockManager
 from impl.sequence import Sequence
 from spec.types import Request, SamplingParams
+from tests.oracles.pool import cache_violations
 
 
 def seq(tokens: list[int], rid: str = "r") -> Sequence:
@@ -37,6 +38,7 @@ def test_freed_blocks_keep_their_keys_and_are_hit_again() -> None:
     assert admit(pool, a) == 0
     blocks = list(a.block_table)
     pool.free(a.block_table)
+    assert cache_violations(pool) == []
     # The partly filled last block goes to the head, the keyed ones to the tail.
     assert pool.free_queue() == [blocks[2], 3, 4, 5, 6, 7, blocks[1], blocks[0]]
     b = seq([1, 2, 3, 4, 9], "b")
@@ -60,6 +62,7 @@ def test_undo_restores_queue_order_keys_and_counts() -> None:
     first = seq([1, 2, 3, 4, 5, 6, 7])
     admit(pool, first)
     pool.free(first.block_table)
+    assert cache_violations(pool) == []
     before = pool_state(pool)
     pool.begin()
     again = seq([1, 2, 3, 4, 8], "again")
@@ -70,4 +73,4 @@ def test_undo_restores_queue_order_keys_and_counts() -> None:
     assert pool.reclaimed_blocks()
     pool.undo()
     assert pool_state(pool) == before
-    pool.check()
+    assert cache_violations(pool) == []

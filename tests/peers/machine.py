@@ -63,8 +63,9 @@ from kvsched.peers.known import KnownBug, classify
 from kvsched.peers.lockstep import Diverged, Lockstep, describe
 from spec.oracle import HashOracle
 from spec.types import RequestState, SamplingParams, SchedulerConfig, SchedulerState, StepPlan
+from tests.oracles.pool import spec_pool_violations
 from tests.stateful.base import REQUESTS, RecordedMachine, checked
-from tests.stateful.failures import fail
+from tests.stateful.failures import fail, require
 from tests.stateful.machine import ProgressKey, drain_bound, progress_key
 from tests.stateful.nano_cache import NANO_CACHE_EVENTS
 from tests.stateful.prefix import (
@@ -478,6 +479,8 @@ class PeerMachine(RecordedMachine):
                     fail("no_livelock", f"{self.PEER}: state repeats after {steps} drain steps")
                 seen.add(key)
             self.lock.finish()
+            wrong = spec_pool_violations(self.lock.state)
+            require(not wrong, "pools_empty_after_drain", lambda: f"{self.PEER}: {wrong}")
 
 
 class PrefixPeerMachine(PeerMachine):

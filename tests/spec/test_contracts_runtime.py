@@ -35,6 +35,7 @@ from spec import (
     init_state,
 )
 from spec.types import Semantics
+from tests.oracles.pool import spec_pool_violations
 from tests.stateful.strategies import engine_configs, profile_configs
 
 TRANSITIONS: dict[ModuleType, tuple[str, ...]] = {
@@ -134,6 +135,7 @@ def _run(
                 state, _ = spec.scheduler.step(state, ORACLE)
         while spec.lifecycle.has_unfinished_requests(state):
             state, _ = spec.scheduler.step(state, ORACLE)
+        assert spec_pool_violations(state) == []
 
 
 @st.composite

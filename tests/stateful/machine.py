@@ -13,6 +13,7 @@ import spec
 from spec.policies import lifo_victim
 from spec.profiles import model_len
 from spec.types import FinishReason, SchedulerState
+from tests.oracles.pool import engine_pool_violations, spec_pool_violations
 from tests.stateful.failures import fail, require
 from tests.stateful.invariants import Invariants
 from tests.stateful.rules import Rules
@@ -118,15 +119,8 @@ class DifferentialMachine(Rules, Invariants):
         )
         require(not missing, "all_finished", lambda: f"accepted but never finished: {missing}")
         scheduler = self.real_scheduler()
-        require(
-            not scheduler.has_unfinished_requests()
-            and scheduler.gpu.num_free_blocks == scheduler.gpu.num_blocks
-            and scheduler.cpu.num_free_blocks == scheduler.cpu.num_blocks,
-            "pools_empty_after_drain",
-            f"GPU free {scheduler.gpu.num_free_blocks}/{scheduler.gpu.num_blocks}, CPU free "
-            f"{scheduler.cpu.num_free_blocks}/{scheduler.cpu.num_blocks}, "
-            f"{scheduler.num_unfinished_requests} live",
-        )
+        wrong = spec_pool_violations(self.lock.state) + engine_pool_violations(scheduler)
+        require(not wrong, "pools_empty_after_drain", lambda: "; ".join(wrong))
         length = model_len(self.config)
         for arrival, finished in sorted(self.outcomes.items()):
             accepted = self.accepted[arrival]
