@@ -246,15 +246,24 @@ def same(expected: object, actual: object) -> bool:
     return expected == actual
 
 
-def mismatches(expected: Mapping[str, object], actual: Mapping[str, object]) -> list[str]:
-    """The metrics (flattened names) whose values differ or that only one side has,
-    each as ``name: trace X, engine Y``."""
+def mismatches(
+    expected: Mapping[str, object], actual: Mapping[str, object]
+) -> list[tuple[str, str]]:
+    """The metrics (flattened names) whose values differ or that only one side has: each
+    as its name and ``name: trace X, engine Y``."""
     want, got = flatten(expected), flatten(actual)
     return [
-        f"{name}: trace {want.get(name, '(none)')}, engine {got.get(name, '(none)')}"
+        (name, f"{name}: trace {want.get(name, '(none)')}, engine {got.get(name, '(none)')}")
         for name in sorted(want.keys() | got.keys())
         if name not in want or name not in got or not same(want[name], got[name])
     ]
+
+
+def engine_mismatches(trace: MetricTrace, metrics: EngineMetrics) -> list[tuple[str, str]]:
+    """``mismatches`` of an engine's counters against the trace's, each named as the
+    invariant it breaks: ``metric_<name>`` (``metric_kv_utilization``)."""
+    found = mismatches(trace.engine_counters(), engine_counters(metrics, trace.config))
+    return [(f"metric_{name}", text) for name, text in found]
 
 
 def replay(

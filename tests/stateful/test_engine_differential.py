@@ -42,6 +42,7 @@ from spec.types import (
     SchedulerState,
     StepPlan,
 )
+from tests.oracles.metrics import MetricTrace, TraceStep, engine_mismatches
 from tests.stateful.coverage import REQUIRED_EVENTS
 from tests.stateful.failures import InjectedFault, fail, require
 from tests.stateful.harness import run_differential
@@ -150,8 +151,19 @@ class EngineDifferential(DifferentialMachine):
         runner.execute = faulty_execute  # type: ignore[method-assign]
         cache.swap_out = faulty_swap_out  # type: ignore[method-assign]
         cache.swap_in = faulty_swap_in  # type: ignore[method-assign]
+        self.metric_trace = MetricTrace(config)
         oracle = HashOracle(vocab_size=self.VOCAB)
         return Lockstep(EngineAdapter(engine), config, oracle, vocab_size=self.VOCAB)
+
+    def record_step(self, before: SchedulerState, mid: SchedulerState, plan: StepPlan) -> None:
+        super().record_step(before, mid, plan)
+        self.metric_trace.add(TraceStep(before, mid, plan, self.lock.state))
+
+    def check_drained(self) -> None:
+        """Also every metric against the spec's trace (tests/oracles/metrics.py)."""
+        super().check_drained()
+        for invariant, message in engine_mismatches(self.metric_trace, self.engine.metrics):
+            fail(invariant, message)
 
     def fire(self, kind: str) -> None:
         del self.armed[kind]
