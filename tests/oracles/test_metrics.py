@@ -9,6 +9,7 @@ from kvsched.workload import WorkloadRequest
 from spec.oracle import HashOracle
 from spec.scheduler import oracle_tokens
 from spec.types import PreemptionMode, SamplingParams, SchedulerConfig, SchedulerState, StepPlan
+from tests.impl.helpers import SEED_FIGURES
 from tests.oracles.metrics import mismatches, replay, trace_metrics
 
 ORACLE = HashOracle(vocab_size=256)
@@ -25,25 +26,20 @@ def request(
     return WorkloadRequest(request_id=rid, prompt=prompt, params=params, arrival_step=arrival)
 
 
-#: docs/benchmarks.md, "3. The seed's workload": steps, preemptions by mode, swapped
-#: out/in blocks, recomputed, forward and sampled tokens.
-SEED_FIGURES = {
-    PreemptionMode.RECOMPUTE: (34, {"recompute": 12}, (0, 0), 81, 177, 64),
-    PreemptionMode.RESTART: (57, {"restart": 14}, (0, 0), 105, 201, 113),
-    PreemptionMode.SWAP: (38, {"swap": 6, "recompute": 1}, (47, 47), 10, 106, 64),
-}
-
-
 @pytest.mark.parametrize("mode", list(PreemptionMode))
 def test_the_seed_workload_has_its_documented_figures(mode: PreemptionMode) -> None:
     config = seed_config(mode)
     m = trace_metrics(config, replay(config, seed_workload(), oracle))
-    steps, by_mode, swaps, recomputed, scheduled, sampled = SEED_FIGURES[mode]
-    assert m.steps == steps
-    assert {str(k): n for k, n in m.preemptions_by_mode.items() if n} == by_mode
-    assert (m.swap_out_blocks, m.swap_in_blocks) == swaps
-    assert m.recomputed_tokens == recomputed
-    assert (m.scheduled_tokens, m.tokens_sampled) == (scheduled, sampled)
+    figures = SEED_FIGURES[mode]
+    assert m.steps == figures.steps
+    assert {str(k): n for k, n in m.preemptions_by_mode.items() if n} == figures.preemptions_by_mode
+    assert (m.swap_out_blocks, m.swap_in_blocks) == figures.swap_blocks
+    assert m.recomputed_tokens == figures.recomputed_tokens
+    assert (m.scheduled_tokens, m.tokens_sampled) == (
+        figures.scheduled_tokens,
+        figures.sampled_tokens,
+    )
+    assert m.document()["kv_utilization"] == pytest.approx(figures.kv_utilization)
     assert m.peak_gpu_blocks_used == 20  # the seed's 20 slots fill up before each preemption
 
 
@@ -107,6 +103,6 @@ def test_mismatches_name_each_metric_that_differs() -> None:
     expected = {"steps": 3, "kv_utilization": 0.5, "prefix_cache": {"hits": 4, "queries": 8}}
     actual = {"steps": 3, "kv_utilization": 0.5 + 1e-15, "prefix_cache": {"hits": 5}}
     assert mismatches(expected, actual) == [
-        "prefix_cache_hits: trace 4, engine 5",
-        "prefix_cache_queries: trace 8, engine (none)",
+        ("prefix_cache_hits", "prefix_cache_hits: trace 4, engine 5"),
+        ("prefix_cache_queries", "prefix_cache_queries: trace 8, engine (none)"),
     ]
