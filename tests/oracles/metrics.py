@@ -249,12 +249,13 @@ def same(expected: object, actual: object) -> bool:
 def mismatches(
     expected: Mapping[str, object], actual: Mapping[str, object]
 ) -> list[tuple[str, str]]:
-    """The metrics (flattened names) whose values differ or that only one side has: each
-    as its name and ``name: trace X, engine Y``."""
+    """The metrics (flattened names) whose values differ or that only one side has, in
+    the document's order (a count before the ratio made of it): each as its name and
+    ``name: trace X, engine Y``."""
     want, got = flatten(expected), flatten(actual)
     return [
         (name, f"{name}: trace {want.get(name, '(none)')}, engine {got.get(name, '(none)')}")
-        for name in sorted(want.keys() | got.keys())
+        for name in [*want, *(name for name in got if name not in want)]
         if name not in want or name not in got or not same(want[name], got[name])
     ]
 

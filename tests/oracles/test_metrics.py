@@ -102,7 +102,15 @@ def test_recomputed_tokens_stop_at_what_the_victim_had_computed() -> None:
 def test_mismatches_name_each_metric_that_differs() -> None:
     expected = {"steps": 3, "kv_utilization": 0.5, "prefix_cache": {"hits": 4, "queries": 8}}
     actual = {"steps": 3, "kv_utilization": 0.5 + 1e-15, "prefix_cache": {"hits": 5}}
+    # In the document's order: the count a ratio is made of comes first.
     assert mismatches(expected, actual) == [
         ("prefix_cache_hits", "prefix_cache_hits: trace 4, engine 5"),
         ("prefix_cache_queries", "prefix_cache_queries: trace 8, engine (none)"),
+    ]
+    ratio = {"prefix_cache": {"hits": 3, "hit_rate": 0.5}}
+    assert [
+        name for name, _ in mismatches(ratio, {"prefix_cache": {"hits": 4, "hit_rate": 1.0}})
+    ] == [
+        "prefix_cache_hits",
+        "prefix_cache_hit_rate",
     ]
