@@ -44,7 +44,8 @@ def options(config: SchedulerConfig) -> list[str]:
 
 
 def _preempting() -> list[dict[str, object]]:
-    """Eight requests of up to 13 + 12 tokens arriving over four steps, in 24 slots."""
+    """Eight requests (prompts of 5-8 tokens, 8-12 outputs) arriving over four steps,
+    in 24 slots."""
     return [
         {
             "id": f"r{i}",
@@ -58,8 +59,8 @@ def _preempting() -> list[dict[str, object]]:
 
 
 def _shared_prefix() -> list[dict[str, object]]:
-    """Ten prompts cut from one 12-token prefix (some whole blocks of it), with own
-    suffixes, in 32 slots: hits, hits on a victim's freed blocks, and reclaims."""
+    """Ten prompts: the first 4-12 tokens of one 12-token prefix and 0-3 tokens of their
+    own, arriving over five steps, in 32 slots: hits, preemptions and reclaims."""
     rng = random.Random(1)
     shared = [rng.randrange(1, 200) for _ in range(12)]
     return [

@@ -4,7 +4,8 @@ An engine counts its metrics as it runs (``impl.engine.EngineMetrics``); this mo
 counts them again from what the spec decided, step by step, and nothing else: a
 ``TraceStep`` is the spec's state ``before`` a step, ``mid`` (after its decisions,
 ``spec.schedule``), its ``plan`` and the state ``after`` it. Each metric, as
-docs/cli.md and ``EngineMetrics`` define it:
+``EngineMetrics`` (impl/engine.py) and the ``--json`` document (kvsched/report.py)
+define it:
 
 * ``steps``: the steps taken (empty ones too);
 * ``preemptions`` and ``preemptions_by_mode``: the plans' victims, by the mode used (a
