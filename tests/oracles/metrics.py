@@ -3,7 +3,7 @@
 An engine counts its metrics as it runs (``impl.engine.EngineMetrics``); this module
 counts them again from what the spec decided, step by step, and nothing else: a
 ``TraceStep`` is the spec's state ``before`` a step, ``mid`` (after its decisions,
-``spec.schedule``), its ``plan`` and the state ``after`` it. Each metric, as
+``spec.schedule``) and its ``plan``. Each metric, as
 ``EngineMetrics`` (impl/engine.py) and the ``--json`` document (kvsched/report.py)
 define it:
 
@@ -51,7 +51,6 @@ class TraceStep:
     before: SchedulerState
     mid: SchedulerState
     plan: StepPlan
-    after: SchedulerState
 
 
 @dataclass(slots=True)
@@ -288,7 +287,7 @@ def replay(
                 continue
         mid, decided = spec.schedule(state)
         after, plan = spec.complete_step(mid, decided, tokens(mid, decided))
-        trace.append(TraceStep(state, mid, plan, after))
+        trace.append(TraceStep(state, mid, plan))
         state = after
     return trace
 

@@ -12,8 +12,9 @@ request that can never be admitted (a ``DrainError``). After a drain:
   block has a key at all.
 
 ``spec_pool_violations`` checks the spec's state, ``engine_pool_violations`` the
-engine scheduler's pools (through their public reads); each returns one line per
-broken rule.
+engine scheduler's (its GPU ``BlockPool`` through its public reads and its spec view,
+``observe``, held to the same rules by the same code); each returns one line per broken
+rule.
 """
 
 from __future__ import annotations
@@ -21,12 +22,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import spec
-from impl.block_manager import BlockAllocationError
-from impl.prefix_cache import PrefixCachingBlockManager
+from impl.block_manager import BlockAllocationError, BlockPool
 from impl.scheduler import Scheduler
 from spec.prefix_cache import pool_violations
 from spec.profiles import nano_caching
-from spec.types import SchedulerState
+from spec.types import PrefixCacheState, SchedulerConfig, SchedulerState
 
 
 def queue_violations(
@@ -46,6 +46,15 @@ def queue_violations(
     return found
 
 
+def drained_cache_violations(config: SchedulerConfig, cache: PrefixCacheState) -> list[str]:
+    """A drained prefix cache, either side's: the pool's rules with nothing running (PC1,
+    PC2, PC9: ``spec.prefix_cache.pool_violations``) and the free queue's order."""
+    keyed = {block for _, block in cache.cached}
+    return pool_violations(config, cache, ()) + queue_violations(
+        cache.free_queue, keyed, config.num_gpu_blocks, keys_kept=not nano_caching(config)
+    )
+
+
 def spec_pool_violations(state: SchedulerState) -> list[str]:
     """The spec's state after a drain (``[]``: whole)."""
     config = state.config
@@ -57,13 +66,8 @@ def spec_pool_violations(state: SchedulerState) -> list[str]:
         found.append(
             f"free GPU/CPU blocks {free}, not {(config.num_gpu_blocks, config.num_cpu_blocks)}"
         )
-    cache = state.prefix_cache
-    if cache is not None:
-        found += pool_violations(cache, (), config.num_gpu_blocks, config.block_size)
-        keyed = {block for _, block in cache.cached}
-        found += queue_violations(
-            cache.free_queue, keyed, config.num_gpu_blocks, keys_kept=not nano_caching(config)
-        )
+    if state.prefix_cache is not None:
+        found += drained_cache_violations(config, state.prefix_cache)
     return found
 
 
@@ -75,30 +79,21 @@ def engine_pool_violations(scheduler: Scheduler) -> list[str]:
     for name, pool in (("GPU", scheduler.gpu), ("CPU", scheduler.cpu)):
         if pool.num_free_blocks != pool.num_blocks:
             found.append(f"{name} free {pool.num_free_blocks} of {pool.num_blocks} blocks")
-    cache = scheduler.prefix_cache
-    if cache is not None:
-        found += cache_violations(cache, keys_kept=not nano_caching(scheduler.config))
-    return found
+    return found + cache_violations(scheduler.gpu, scheduler.config)
 
 
-def cache_violations(cache: PrefixCachingBlockManager, *, keys_kept: bool = True) -> list[str]:
-    """A drained prefix-caching pool: no references, its own bookkeeping consistent
-    (``check``), keys and free queue as ``queue_violations`` says."""
+def cache_violations(pool: BlockPool, config: SchedulerConfig) -> list[str]:
+    """A drained GPU pool: no references, its own bookkeeping consistent (``check``) and,
+    with prefix caching, its spec view (``observe``) as ``drained_cache_violations`` says."""
     found: list[str] = []
-    referenced = [b for b in range(cache.num_blocks) if cache.ref_count(b)]
+    referenced = [b for b in range(pool.num_blocks) if pool.ref_count(b)]
     if referenced:
         found.append(f"blocks {referenced} are still referenced")
     try:
-        cache.check()
+        pool.check()
     except BlockAllocationError as e:
         found.append(f"the pool's own check: {e}")
-    cached = cache.cached()
-    keyed = {block for _, block in cached}
-    if len(keyed) != len(cached):
-        found.append("a block has two keys")
-    bs = cache.block_size
-    if any(not key or len(key) % bs for key, _ in cached):
-        found.append(f"a key is not a whole number of blocks of {bs}")
-    return found + queue_violations(
-        cache.free_queue(), keyed, cache.num_blocks, keys_kept=keys_kept
-    )
+    cache = pool.observe()
+    if cache is not None:
+        found += drained_cache_violations(config, cache)
+    return found
