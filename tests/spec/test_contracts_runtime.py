@@ -50,6 +50,7 @@ from spec import (
 from spec.profiles import profile_defaults
 from spec.types import Semantics
 from tests.drain import drain_within
+from tests.oracles.pool import spec_pool_violations
 from tests.stateful.strategies import engine_configs, profile_configs
 
 TRANSITIONS: dict[ModuleType, tuple[str, ...]] = {
@@ -179,6 +180,7 @@ def _run(
         while spec.lifecycle.has_unfinished_requests(state):
             bound.tick(state)
             state, _ = spec.scheduler.step(state, ORACLE)
+        assert spec_pool_violations(state) == []
 
 
 @st.composite
