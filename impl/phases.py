@@ -47,6 +47,9 @@ def schedule_running(sched: Scheduler, out: SchedulerOutput, budget: int) -> int
     free = gpu.num_free_blocks
     num_scheduled = out.num_scheduled
     record = num_scheduled.append
+    # vllm-v0/append-touches-last-block: a chunk wants a free block for every block it
+    # writes into, its partly filled last one too (V0's worst case, copy-on-write).
+    touches_last = sched.append_touches_last_block
     capped = 0
     i = 0
     nrun = len(running)
@@ -59,9 +62,10 @@ def schedule_running(sched: Scheduler, out: SchedulerOutput, budget: int) -> int
             capped += 1
         table = seq.block_table
         end = computed + n
-        if end > len(table) * bs:  # the chunk runs past the blocks it holds
+        if end > len(table) * bs or touches_last:  # the chunk runs past its blocks
             need = (end - 1) // bs + 1 - len(table)
-            if need > free:
+            wanted = need + (touches_last and computed % bs != 0)
+            if wanted > free:
                 if sched.victim_any_running:
                     preempted_itself, tokens, count, not_sampled = make_room_any_running(
                         sched, out, i, need
@@ -72,7 +76,7 @@ def schedule_running(sched: Scheduler, out: SchedulerOutput, budget: int) -> int
                     i -= count
                     capped -= not_sampled
                 else:
-                    preempted_itself = make_room(sched, out, i, need)
+                    preempted_itself = make_room(sched, out, i, wanted)
                 if preempted_itself:
                     if n < remaining:
                         capped -= 1  # it was not scheduled after all
@@ -233,7 +237,7 @@ def swap_in(sched: Scheduler, out: SchedulerOutput, budget: int) -> int:
                 break
             n = budget
         num_blocks = cdiv(computed + n, bs)
-        if num_blocks > gpu.num_free_blocks:
+        if num_blocks > gpu.num_free_blocks - sched.watermark:  # vllm-v0/watermark
             break
         swapped.popleft()
         cpu_blocks = seq.cpu_block_table.copy()
@@ -264,6 +268,7 @@ def admit(sched: Scheduler, out: SchedulerOutput, budget: int) -> int:
     track = sched.tracks_running
     cache = sched.prefix_cache
     hit: list[int] = []
+    watermark = sched.watermark
     full_sequence_gate = sched.full_sequence_gate
     whole_sequence_gate = sched.whole_sequence_gate
     # nano-vllm/seq-limit-per-step: max_num_seqs counts this step's admissions only.
@@ -291,7 +296,7 @@ def admit(sched: Scheduler, out: SchedulerOutput, budget: int) -> int:
         free = gpu.num_free_blocks
         # PC4: a hit on a free block takes it from the free queue too.
         evictable = 0 if cache is None else cache.num_evictable(hit)
-        if num_blocks + evictable > free:
+        if num_blocks + evictable > free - watermark:  # vllm-v0/watermark
             break
         # vllm-v1/full-sequence-admission: blocks for all its tokens must be free
         # (-hits: the hit blocks are not asked for again, its free ones are, as above).

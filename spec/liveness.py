@@ -17,9 +17,12 @@ from spec.kv import cdiv, chunk_for_prefill
 from spec.policies import get_policy
 from spec.prefix_cache import longest_hit, num_evictable, request_tokens, take, touch
 from spec.profiles import (
+    admits_after_swap_in,
+    admits_first,
     full_sequence_fits,
     key_blocks,
     prefill_first,
+    reserved_blocks,
     running_capped,
     whole_sequence_admissible,
 )
@@ -141,9 +144,23 @@ def drain_step_bound(state: SchedulerState) -> int:
     for ``n`` live requests. So with ``W`` requests waiting now the drain takes at most
     ``H + W + (n - 1) * H = n * H + W`` steps (loose; honest).
 
+    ``vllm-v0``: the head may be a victim (vllm-v0/append-touches-last-block: alone,
+    holding every block, a decode into its partly filled last block still wants a free
+    one, so it preempts itself), so heads do not follow one another. Another count
+    holds: chunked prefill is off under the profile, so every chunk samples a token (a
+    whole prefill, a decode, a swap-in's decode), and a request samples at most
+    ``M - o`` more. A step that schedules nothing has a lone head that preempted itself;
+    then ``running`` is empty and the next step schedules the head of ``swapped`` or
+    (nothing swapped) of ``waiting``, which fits the empty pool above the watermark
+    (the profile's config). So at most every other step is empty:
+    ``2 * sum(M - o)`` over the live requests.
+
     pre: check_state(state)
     post: __return__ >= 0
     """
+    if not admits_after_swap_in(state.config):  # vllm-v0
+        requests = (*state.waiting, *state.running, *state.swapped)
+        return 2 * sum(r.request.params.max_tokens - len(r.output_token_ids) for r in requests)
     bound = lifo_drain_bound(state)
     if prefill_first(state.config):
         live = len(state.waiting) + len(state.running) + len(state.swapped)
@@ -277,7 +294,7 @@ def _fits(request: RequestState, config: SchedulerConfig, left: _Left, hit: tupl
     start = request.num_computed_tokens + num_hit * bs
     n = chunk_for_prefill(request.num_tokens - start, left.budget, config.enable_chunked_prefill)
     need = cdiv(start + n, bs) - num_hit + evictable
-    if n > left.budget or need > left.free:
+    if n > left.budget or need > left.free - reserved_blocks(config):  # vllm-v0/watermark
         return 0
     return n
 
@@ -316,8 +333,13 @@ def progress_violations(before: SchedulerState, plan: StepPlan) -> tuple[str, ..
     came after phase C, which admitted nobody although the head might have fitted the
     whole pool. (The profile has no swap, so its swapped half never applies.)
 
+    **vllm-v0/prefill-first**: phase C runs first when nothing is swapped, so such a
+    step is judged as under nano-vllm (but with R8's seats); a step that starts with
+    requests swapped admits nobody, so only its swapped half is judged. Under
+    vllm-v0/watermark a request fits only if its blocks leave the watermark free.
+
     A step that preempts takes nothing back (anti-thrash, R7/R8) and is not judged
-    (except under nano-vllm, above).
+    (except when phase C came first, above).
     Derivation of the wait bound: R5-R8 decide the chunks of a step in the order
     running, swapped, waiting (nano-vllm: waiting first), each phase head-of-line on
     what the previous left; a victim is only ever behind requests that came before it,
@@ -331,8 +353,8 @@ def progress_violations(before: SchedulerState, plan: StepPlan) -> tuple[str, ..
     arbitrary plan names requests ``before`` lacks).
     """
     config = before.config
-    nano = prefill_first(config)
-    if plan.preempted and not nano:
+    first = admits_first(before)  # phase C came first (nano-vllm, vllm-v0)
+    if plan.preempted and not first:
         return ()
     num_back = len(plan.swapped_in)
     running = {r.request_id for r in before.running}
@@ -347,9 +369,11 @@ def progress_violations(before: SchedulerState, plan: StepPlan) -> tuple[str, ..
                 f"fits what step {before.num_steps} left",
             )
         return ()
+    if before.swapped and not admits_after_swap_in(config):
+        return ()  # vllm-v0: a step that starts with requests swapped admits nobody
     admitted = set(plan.scheduled_ids) - running
-    # nano-vllm: phase C came first, so only the admissions (if any) came before.
-    upto = len(admitted) if nano else len(plan.scheduled)
+    # nano-vllm, vllm-v0: phase C came first, so only the admissions (if any) came before.
+    upto = len(admitted) if first else len(plan.scheduled)
     policy = get_policy(config.policy)
     for request in policy.order_waiting(before.waiting):
         if request.request_id in admitted:

@@ -29,7 +29,7 @@ NANO = Semantics.NANO_VLLM
         ({"semantics": NANO}, "no chunked prefill"),
         ({"semantics": NANO, "enable_chunked_prefill": False, "policy": "priority"}, "lifo"),
         ({"semantics": NANO, "enable_chunked_prefill": False, "max_model_len": 8}, "vllm-v1"),
-        ({"max_model_len": 8}, "vllm-v1 setting"),
+        ({"max_model_len": 8}, "vllm-v1 and vllm-v0 setting"),
         ({"semantics": "vllm-v2"}, "unknown semantics"),
     ],
 )  # fmt: skip
