@@ -132,7 +132,8 @@ class DifferentialMachine(Rules, Invariants):
             accepted = self.accepted[arrival]
             solo = self.solo(accepted.prompt, accepted.params)
             if length is not None:  # vllm-v1/max-model-len: a solo run stops there too
-                solo = solo[: length - len(accepted.prompt)]
+                # (vllm-v0's prompt of max_model_len tokens at its first output)
+                solo = solo[: max(length - len(accepted.prompt), 1)]
             outputs = finished.output_token_ids
             if finished.finish_reason is FinishReason.ABORTED:
                 ok = outputs == solo[: len(outputs)]
