@@ -67,7 +67,8 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
         "--enable-chunked-prefill",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="split long prefills across steps (default on; off under --semantics nano-vllm)",
+        help="split long prefills across steps (default on; off under --semantics nano-vllm "
+        "and vllm-v0)",
     )
     g.add_argument(
         "--preemption-mode",
@@ -102,15 +103,17 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
         choices=[s.value for s in Semantics],
         default=None,
         help="the spec's rules profile (docs/semantics.md, 'Semantics profiles'); default "
-        "kvsched, or for conform the --engine's own (vllm: vllm-v1, nano-vllm: nano-vllm)",
+        "kvsched, or for conform the --engine's own (vllm: vllm-v1, nano-vllm: nano-vllm, "
+        "vllm-v0: vllm-v0)",
     )
     g.add_argument(
         "--max-model-len",
         type=argtypes.positive_int,
         default=None,
         metavar="N",
-        help="vllm-v1 only: the longest prompt + outputs (default: the whole GPU cache, "
-        "and with chunked prefill off at most --max-num-batched-tokens)",
+        help="vllm-v1 and vllm-v0 only: the longest prompt + outputs (default: the whole "
+        "GPU cache, vllm-v0's above its watermark, and with chunked prefill off at most "
+        "--max-num-batched-tokens)",
     )
     g.add_argument("--device", choices=DEVICES, default="auto", help="(default auto)")
     g.add_argument("--dtype", choices=DTYPES, default="float32", help="(default float32)")
@@ -147,8 +150,10 @@ def scheduler_config(
     semantics = default_semantics if args.semantics is None else Semantics(args.semantics)
     chunked = args.enable_chunked_prefill
     if chunked is None:
-        # nano-vllm has no chunked prefill: its profile's default, not an error.
-        chunked = semantics is not Semantics.NANO_VLLM and _DEFAULTS["enable_chunked_prefill"]
+        # nano-vllm has no chunked prefill (the vllm-v0 profile does not model V0's): the
+        # profile's default, not an error.
+        unchunked = (Semantics.NANO_VLLM, Semantics.VLLM_V0)
+        chunked = semantics not in unchunked and _DEFAULTS["enable_chunked_prefill"]
     caching = args.enable_prefix_caching
     if caching is None:
         # nano-vllm cannot turn its prefix cache off: its profile's default, as above.

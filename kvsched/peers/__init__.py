@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
 from collections.abc import Iterable
 
 from kvsched.peers import registry
@@ -23,6 +24,7 @@ from kvsched.peers.protocol import (
     PeerUnsupportedError,
     SchedulerUnderTest,
 )
+from kvsched.peers.remote import PeerProcess, RemotePeer
 from spec.types import SamplingParams, SchedulerConfig, Semantics
 
 PEERS = tuple(registry.ENTRIES)
@@ -43,6 +45,23 @@ def common_eos(params: Iterable[SamplingParams]) -> int | None:
     return next(iter(eos), None)
 
 
+def peer_python(name: str, python: str | os.PathLike[str] | None = None) -> str | None:
+    """The interpreter ``name`` runs under: ``python`` if given, else the peer's own
+    environment where ``scripts/install_peers --venv`` created one, else None (here)."""
+    if python is not None:
+        return str(python)
+    own = registry.venv_python(registry.entry(name))
+    return None if own is None else str(own)
+
+
+def peer_version(name: str, peer: SchedulerUnderTest) -> registry.PeerVersion:
+    """Which version of the peer ``peer`` drives, and where."""
+    entry = registry.entry(name)
+    if isinstance(peer, RemotePeer):
+        return registry.version_of(entry, peer.installed, peer.python)
+    return registry.version_of(entry, registry.installed(entry), sys.executable)
+
+
 def make_peer(
     name: str,
     config: SchedulerConfig,
@@ -57,9 +76,7 @@ def make_peer(
     """
     entry = registry.entry(name)
     if python is not None:
-        from kvsched.peers.remote import RemotePeer  # noqa: PLC0415  (only when asked for)
-
-        return RemotePeer(python, name, config, eos_token_id=eos_token_id)
+        return PeerProcess(python, name).peer(config, eos_token_id=eos_token_id)
     module, _, cls = entry.adapter.partition(":")
     adapter = getattr(importlib.import_module(module), cls)
     options = {"eos_token_id": eos_token_id}
@@ -79,4 +96,6 @@ __all__ = [
     "SchedulerUnderTest",
     "common_eos",
     "make_peer",
+    "peer_python",
+    "peer_version",
 ]

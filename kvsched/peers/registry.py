@@ -86,6 +86,27 @@ def installed(entry: PeerEntry) -> tuple[str, str] | None:
     return None
 
 
+@dataclass(frozen=True, slots=True)
+class PeerVersion:
+    """Which peer ran: its package and version (None if not found), the interpreter
+    that ran it, and whether the version is one of its entry's ``tested``."""
+
+    distribution: str | None
+    version: str | None
+    python: str
+    tested: bool
+
+    def __str__(self) -> str:
+        package = "not installed" if self.version is None else f"{self.distribution} {self.version}"
+        return f"{package} ({self.python})"
+
+
+def version_of(entry: PeerEntry, found: tuple[str, str] | None, python: str) -> PeerVersion:
+    if found is None:
+        return PeerVersion(None, None, python, False)
+    return PeerVersion(found[0], found[1], python, found[1] in entry.tested)
+
+
 def venv_root() -> Path:
     """Where ``scripts/install_peers --venv`` puts the peers' own environments:
     ``$KVSCHED_PEER_VENVS``, else ``~/.cache/kvsched/peer-venvs``."""
@@ -103,4 +124,14 @@ def venv_python(entry: PeerEntry) -> Path | None:
     return python if python.exists() else None
 
 
-__all__ = ["ENTRIES", "PEER_ENTRIES", "PeerEntry", "entry", "installed", "venv_python"]
+__all__ = [
+    "ENTRIES",
+    "PEER_ENTRIES",
+    "PeerEntry",
+    "PeerVersion",
+    "entry",
+    "installed",
+    "venv_python",
+    "venv_root",
+    "version_of",
+]
