@@ -1,11 +1,12 @@
 """A peer in another virtual environment, driven through ``kvsched.peers.server``.
 
 ``RemotePeer`` is a ``SchedulerUnderTest`` like any in-process adapter: lockstep,
-``conform`` and the peer machines cannot tell them apart. It starts
+``conform`` and the peer machines cannot tell them apart. A ``PeerProcess`` starts
 ``PYTHON -m kvsched.peers.server`` with this kvsched source tree first on
-``PYTHONPATH`` (the environment needs only the peer itself), says ``hello`` (protocol
-versions must match: both ends run this tree), ``create``s the adapter there and then
-forwards each call (``kvsched.peers.wire`` has the messages). A typed error raised
+``PYTHONPATH`` (the environment needs only the peer itself) and says ``hello``
+(protocol versions must match: both ends run this tree); each ``RemotePeer`` is an
+adapter ``create``d there, and forwards each call (``kvsched.peers.wire`` has the
+messages). A typed error raised
 there is raised here as the same class; the server's stderr (the peer's logs) is kept
 in a temporary file and its tail is quoted if the process dies.
 
@@ -43,18 +44,17 @@ SOURCE_ROOT = Path(__file__).resolve().parents[2]
 _STDERR_TAIL = 2000
 
 
-class RemotePeer:
-    """``engine``'s adapter, run by ``python`` (another environment's interpreter)."""
+class PeerProcess:
+    """``PYTHON -m kvsched.peers.server`` for one engine; ``peer`` makes its peers there.
 
-    def __init__(
-        self,
-        python: str | os.PathLike[str],
-        engine: str,
-        config: SchedulerConfig,
-        *,
-        eos_token_id: int | None = None,
-    ) -> None:
+    One process serves any number of peers (a run each: ``scripts/explore_peers.py``
+    drives a thousand through one, paying the peer's import once); calls go one at a
+    time. ``hello`` says what runs there (``installed``: the peer's package and version).
+    """
+
+    def __init__(self, python: str | os.PathLike[str], engine: str) -> None:
         self.python = str(python)
+        self.engine = engine
         if not Path(self.python).exists():
             raise PeerProtocolError(f"--peer-python {self.python}: no such interpreter")
         # Lives as long as the process (closed by ``_stop``), so not a ``with`` block.
@@ -79,16 +79,24 @@ class RemotePeer:
         self._finalizer = weakref.finalize(self, _stop, self._process, self._stderr)
         self._next_id = 0
         self._oracle: TokenOracle | None = None
-        self.hello: dict[str, Any] = self._call("hello", engine=engine)
-        created: dict[str, str] = self._call(
-            "create", engine=engine, config=config, eos_token_id=eos_token_id
+        self.hello: dict[str, Any] = self.call("hello", engine=engine)
+        distribution, version = self.hello["distribution"], self.hello["version"]
+        #: The peer's package there, as ``kvsched.peers.registry.installed`` says.
+        self.installed: tuple[str, str] | None = (
+            None if version is None else (str(distribution), str(version))
         )
-        self.name = created["name"]
-        self.semantics = created["semantics"]
 
-    # --- the protocol, call by call ------------------------------------------------------
+    def peer(self, config: SchedulerConfig, *, eos_token_id: int | None = None) -> RemotePeer:
+        """A new peer in this process (``eos_token_id``: nano-vllm's engine-wide EOS)."""
+        return RemotePeer(self, config, eos_token_id=eos_token_id)
 
-    def _call(self, op: str, **args: object) -> Any:
+    def run_script(self, text: str) -> tuple[int, str]:
+        """Run a reproduction script there (``kvsched.peers.repro.run_script``)."""
+        ran: dict[str, Any] = self.call("run_script", text=text)
+        return int(ran["code"]), str(ran["output"])
+
+    def call(self, op: str, *, oracle: TokenOracle | None = None, **args: object) -> Any:
+        """One call and its answer; ``oracle`` answers the token queries it makes."""
         self._next_id += 1
         call_id = self._next_id
         stdin, stdout = self._pipes()
@@ -108,9 +116,8 @@ class RemotePeer:
                 return message.value
             if isinstance(message, Failure):
                 raise message.error()
-            if isinstance(message, TokenQuery) and self._oracle is not None:
-                token = self._oracle(message.prefix)
-                stdin.write(dumps(TokenAnswer(call_id, token)))
+            if isinstance(message, TokenQuery) and oracle is not None:
+                stdin.write(dumps(TokenAnswer(call_id, oracle(message.prefix))))
                 stdin.flush()
                 continue
             raise PeerProtocolError(f"unexpected message during {op}: {message}")
@@ -131,10 +138,32 @@ class RemotePeer:
         )
 
     def close(self) -> None:
-        """End the peer process (also done when this object is collected)."""
+        """End the process (also done when this object is collected)."""
         self._finalizer()
 
-    # --- SchedulerUnderTest --------------------------------------------------------------
+
+class RemotePeer:
+    """One peer in a ``PeerProcess``: a ``SchedulerUnderTest`` like an in-process adapter."""
+
+    def __init__(
+        self, process: PeerProcess, config: SchedulerConfig, *, eos_token_id: int | None = None
+    ) -> None:
+        self.process = process
+        self.python = process.python
+        self.installed = process.installed
+        created: dict[str, Any] = process.call(
+            "create", engine=process.engine, config=config, eos_token_id=eos_token_id
+        )
+        self.handle: int = created["peer"]
+        self.name: str = created["name"]
+        self.semantics: str = created["semantics"]
+
+    def _call(self, op: str, *, oracle: TokenOracle | None = None, **args: object) -> Any:
+        return self.process.call(op, oracle=oracle, peer=self.handle, **args)
+
+    def close(self) -> None:
+        """Forget this peer in its process (the process stays for the next)."""
+        self._call("drop")
 
     def add_request(
         self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams
@@ -152,12 +181,10 @@ class RemotePeer:
 
     def step(self, next_token: TokenOracle) -> StepPlan:
         # A pure oracle of the spec's crosses whole; any other is asked token by token.
-        portable = isinstance(next_token, PORTABLE_ORACLES)
-        self._oracle = None if portable else next_token
-        try:
-            plan: StepPlan = self._call("step", oracle=next_token if portable else None)
-        finally:
-            self._oracle = None
+        if isinstance(next_token, PORTABLE_ORACLES):
+            plan: StepPlan = self._call("step", oracle_sent=next_token)
+        else:
+            plan = self._call("step", oracle=next_token, oracle_sent=None)
         return plan
 
     def has_unfinished_requests(self) -> bool:
@@ -182,4 +209,4 @@ def _stop(process: subprocess.Popen[str], stderr: IO[str]) -> None:
     stderr.close()
 
 
-__all__ = ["SOURCE_ROOT", "RemotePeer"]
+__all__ = ["SOURCE_ROOT", "PeerProcess", "RemotePeer"]

@@ -20,6 +20,7 @@ from typing import IO
 
 from kvsched.peers import make_peer, registry
 from kvsched.peers.protocol import SchedulerUnderTest
+from kvsched.peers.repro import run_script
 from kvsched.peers.wire import (
     PORTABLE_ORACLES,
     PROTOCOL_VERSION,
@@ -39,7 +40,8 @@ class Server:
     def __init__(self, reader: IO[str], writer: IO[str]) -> None:
         self.reader = reader
         self.writer = writer
-        self.peer: SchedulerUnderTest | None = None
+        self.peers: dict[int, SchedulerUnderTest] = {}  # by the handle ``create`` gave
+        self.next_handle = 0
 
     def send(self, message: Reply | Failure | TokenQuery) -> None:
         self.writer.write(dumps(message))
@@ -67,18 +69,27 @@ class Server:
         args = call.args
         if call.op == "hello":
             return hello(str(args["engine"]))
+        if call.op == "run_script":  # a reproduction, shrunk where the peer is
+            code, output = run_script(str(args["text"]))
+            return {"code": code, "output": output}
         if call.op == "create":
             config = args["config"]
             if not isinstance(config, SchedulerConfig):
                 raise PeerProtocolError("create: 'config' is not a SchedulerConfig")
             eos = args.get("eos_token_id")
-            self.peer = make_peer(
+            peer = make_peer(
                 str(args["engine"]), config, eos_token_id=eos if isinstance(eos, int) else None
             )
-            return {"name": self.peer.name, "semantics": self.peer.semantics}
-        peer = self.peer
-        if peer is None:
-            raise PeerProtocolError(f"{call.op}: no peer created yet")
+            self.next_handle += 1
+            self.peers[self.next_handle] = peer
+            return {"peer": self.next_handle, "name": peer.name, "semantics": peer.semantics}
+        handle = args.get("peer")
+        if not isinstance(handle, int) or handle not in self.peers:
+            raise PeerProtocolError(f"{call.op}: no peer {handle!r} here")
+        peer = self.peers[handle]
+        if call.op == "drop":
+            del self.peers[handle]
+            return None
         if call.op == "add_request":
             params = args["params"]
             if not isinstance(params, SamplingParams):
@@ -91,7 +102,7 @@ class Server:
         if call.op == "abort_request":
             return peer.abort_request(str(args["request_id"]))
         if call.op == "step":
-            return peer.step(self.oracle(call.id, args.get("oracle")))
+            return peer.step(self.oracle(call.id, args.get("oracle_sent")))
         if call.op == "has_unfinished_requests":
             return peer.has_unfinished_requests()
         if call.op == "observe":
