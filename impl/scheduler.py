@@ -306,7 +306,8 @@ class Scheduler:
                     if self.swapped:
                         budget = phases.swap_in(self, out, budget)
                     # vllm-v0/prefill-first: no admission in a step that began with swaps.
-                    if not self.swapped and self.waiting and not self.prefill_first_unless_swapped:
+                    admits = not self.prefill_first_unless_swapped
+                    if not self.swapped and self.waiting and admits:
                         budget = phases.admit(self, out, budget)
         except BaseException:
             rollback(self, out)

@@ -43,6 +43,7 @@ from kvsched.peers.lockstep import describe_states
 from kvsched.peers.ours import EngineAdapter
 from kvsched.peers.registry import PeerVersion
 from kvsched.peers.remote import PeerProcess
+from kvsched.peers.server import run_script
 from kvsched.plot import PLOT_FORMATS, plot_timeline
 from kvsched.progress import PROG, CommandProgress, notice, wanted, warn
 from kvsched.runner import run_reference, run_workload
@@ -444,7 +445,7 @@ def _emit_repro(
         notice(f"--emit-repro {args.emit_repro}: no divergence, nothing written", quiet=args.quiet)
         return
     python = peer_python(args.engine, args.peer_python)
-    run = repro.run_script if python is None else PeerProcess(python, args.engine).run_script
+    run = run_script if python is None else PeerProcess(python, args.engine).run_script
     kept, check, last = repro.emit(
         args.emit_repro,
         args.engine,

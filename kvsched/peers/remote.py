@@ -187,6 +187,11 @@ class RemotePeer:
             plan = self._call("step", oracle=next_token, oracle_sent=None)
         return plan
 
+    def time_steps(self, token: int, steps: int) -> float:
+        """CPU seconds, measured there, of ``steps`` calls of the adapter's ``hot_step``
+        (the peer's own calls, every request sampling ``token``; no protocol in them)."""
+        return float(self._call("time", token=token, steps=steps))
+
     def has_unfinished_requests(self) -> bool:
         return bool(self._call("has_unfinished_requests"))
 

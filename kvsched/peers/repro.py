@@ -18,8 +18,6 @@ blocks), and says what the spec would have decided.
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import re
 from collections.abc import Callable, Sequence
@@ -271,23 +269,6 @@ EXPECTED = {_literal(expected)}
     return head + driver + main
 
 
-def run_script(text: str) -> tuple[int, str]:
-    """Run a reproduction script here (its ``main()``, in a namespace of its own): its
-    exit status and what it printed. A peer in another environment runs it there
-    (``kvsched.peers.server``'s ``run_script``)."""
-    namespace: dict[str, object] = {"__name__": "__kvsched_repro__"}
-    out = io.StringIO()
-    try:
-        with contextlib.redirect_stdout(out):
-            exec(compile(text, "<repro>", "exec"), namespace)
-            main = namespace["main"]
-            assert callable(main)
-            code = int(main())
-    except Exception as e:  # the script failed in a way it does not report: not a repro
-        return 2, f"{out.getvalue()}{type(e).__name__}: {e}"
-    return code, out.getvalue()
-
-
 def failure(output: str) -> str | None:
     """A script's failure, without its numbers and names: what shrinking must keep."""
     line = next((ln for ln in output.splitlines() if ln.startswith("FAILED")), None)
@@ -304,7 +285,7 @@ def emit(
     workload: Sequence[WorkloadRequest],
     divergence: Divergence,
     *,
-    run: Callable[[str], tuple[int, str]],
+    run: Callable[[str], tuple[int, str]],  # kvsched.peers.server.run_script, here or there
     version: PeerVersion | None,
     oracle_vocab: int,
     eos: int | None,
@@ -366,6 +347,5 @@ __all__ = [
     "failure",
     "peer_settings",
     "render",
-    "run_script",
     "shrink",
 ]

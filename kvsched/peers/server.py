@@ -13,14 +13,16 @@ message. Calls are answered in order, one at a time; end of input ends the serve
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import sys
+import time
 from collections.abc import Callable
 from typing import IO
 
 from kvsched.peers import make_peer, registry
 from kvsched.peers.protocol import SchedulerUnderTest
-from kvsched.peers.repro import run_script
 from kvsched.peers.wire import (
     PORTABLE_ORACLES,
     PROTOCOL_VERSION,
@@ -41,6 +43,7 @@ class Server:
         self.reader = reader
         self.writer = writer
         self.peers: dict[int, SchedulerUnderTest] = {}  # by the handle ``create`` gave
+        self.hot: dict[int, Callable[[], None]] = {}  # each peer's hot_step, once timed
         self.next_handle = 0
 
     def send(self, message: Reply | Failure | TokenQuery) -> None:
@@ -89,7 +92,17 @@ class Server:
         peer = self.peers[handle]
         if call.op == "drop":
             del self.peers[handle]
+            self.hot.pop(handle, None)
             return None
+        if call.op == "time":  # bench/scheduler_overhead.py: the peer's own calls, timed here
+            run = self.hot.get(handle)
+            if run is None:
+                run = self.hot[handle] = hot_step(peer, int(args["token"]))  # type: ignore[call-overload]
+            steps = int(args["steps"])  # type: ignore[call-overload]
+            start = time.process_time()
+            for _ in range(steps):
+                run()
+            return time.process_time() - start
         if call.op == "add_request":
             params = args["params"]
             if not isinstance(params, SamplingParams):
@@ -122,6 +135,32 @@ class Server:
             return answer.token
 
         return ask
+
+
+def run_script(text: str) -> tuple[int, str]:
+    """Run a reproduction script here (its ``main()``, in a namespace of its own): its
+    exit status and what it printed. A peer in another environment runs it there
+    (its server's ``run_script`` call)."""
+    namespace: dict[str, object] = {"__name__": "__kvsched_repro__"}
+    out = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out):
+            exec(compile(text, "<repro>", "exec"), namespace)
+            main = namespace["main"]
+            assert callable(main)
+            code = int(main())
+    except Exception as e:  # the script failed in a way it does not report: not a repro
+        return 2, f"{out.getvalue()}{type(e).__name__}: {e}"
+    return code, out.getvalue()
+
+
+def hot_step(peer: SchedulerUnderTest, token: int) -> Callable[[], None]:
+    """The peer's own calls for one step (its adapter's ``hot_step``), if it has them."""
+    make = getattr(peer, "hot_step", None)
+    if make is None:
+        raise PeerProtocolError(f"{peer.name} has no hot_step to time")
+    run: Callable[[], None] = make(token)
+    return run
 
 
 def hello(engine: str) -> dict[str, object]:

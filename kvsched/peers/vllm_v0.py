@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import importlib
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from kvsched.peers.protocol import (
@@ -291,6 +291,29 @@ class VllmV0Adapter:
             sampled=sampled,
             finished=finished,
         )
+
+    def hot_step(self, token: int) -> Callable[[], None]:
+        """V0's own calls for one step, every group sampling ``token``: ``schedule()``,
+        the computed counts, V0's output processor (append, stop check) for the groups
+        that sample, ``free_finished_seq_groups()``; nothing of the adapter's
+        (bench/scheduler_overhead.py, which runs it there through the server)."""
+        v = self.v
+        scheduler, processor = self.scheduler, self.processor
+        sequence_output, group_output = v["SequenceOutput"], v["CompletionSequenceGroupOutput"]
+        logprobs = {token: v["Logprob"](0.0)}
+
+        def run() -> None:
+            metadata, out, _ = scheduler.schedule()
+            for meta, s in zip(metadata, out.scheduled_seq_groups, strict=True):
+                group = s.seq_group
+                group.update_num_computed_tokens(meta.token_chunk_size or 0)
+                if meta.do_sample:
+                    sample = sequence_output(group.first_seq.seq_id, token, logprobs)
+                    output = group_output(samples=[sample], prompt_logprobs=None)
+                    processor.process_outputs(group, [output], False)
+            scheduler.free_finished_seq_groups()
+
+        return run
 
     def _finished(self, group: Any) -> FinishedRequest:
         status = self.v["SequenceStatus"]

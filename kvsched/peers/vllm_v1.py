@@ -32,7 +32,7 @@ import importlib
 import json
 import os
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -399,6 +399,27 @@ class VllmAdapter:
             sampled=sampled,
             finished=finished,
         )
+
+    def hot_step(self, token: int) -> Callable[[], None]:
+        """vLLM's own calls for one step, every request sampling ``token``: ``schedule()``
+        and ``update_from_output()`` with a fake runner's output, nothing of the
+        adapter's (bench/scheduler_overhead.py times it in decode steady state)."""
+        scheduler = self.scheduler
+        runner_output = self.v["ModelRunnerOutput"]
+
+        def run() -> None:
+            out = scheduler.schedule()
+            req_ids = list(out.num_scheduled_tokens)
+            scheduler.update_from_output(
+                out,
+                runner_output(
+                    req_ids=req_ids,
+                    req_id_to_index={rid: i for i, rid in enumerate(req_ids)},
+                    sampled_token_ids=[[token] for _ in req_ids],
+                ),
+            )
+
+        return run
 
     # --- the spec's view ------------------------------------------------------------
 

@@ -19,6 +19,7 @@ from spec.types import (
     watermark_blocks,
 )
 from tests.stateful.base import MachineBase
+from tests.stateful.coverage import WATERMARK_EVENT
 from tests.stateful.failures import InjectedFault, fail, require
 
 
@@ -188,7 +189,7 @@ def profile_events(before: SchedulerState, mid: SchedulerState, plan: StepPlan) 
         ):
             yield "vllm-v0/prefill-first: no admission after every swapped request came back"
         if watermark_refused(before, mid, plan):
-            yield "vllm-v0/watermark: the watermark held back an admission or a swap-in"
+            yield WATERMARK_EVENT
         if preempts_only_by_v0s_count(before, plan):
             yield "vllm-v0/append-touches-last-block: a preemption R5 would not have made"
         return

@@ -163,11 +163,11 @@ def vllm_v0_configs(draw: st.DrawFn) -> SchedulerConfig:
     ``max_num_batched_tokens >= max_num_seqs``; recompute or (half the time) swap with a
     CPU pool from none to twice the GPU pool; ``max_model_len`` drawn or the default.
 
-    A quarter of the pools have 100-120 blocks of 1-2 tokens, where vllm-v0/watermark
+    Half the pools have 100-120 blocks of 1-2 tokens, where vllm-v0/watermark
     keeps one block free (``int(0.01 * num_gpu_blocks)``, 0 below 100 blocks); their
     budgets are the whole pool, so that requests of the pool's size fit unchunked.
     """
-    if draw(st.integers(0, 3)) == 0:
+    if draw(st.booleans()):
         block_size = draw(st.sampled_from((1, 2)))
         num_gpu_blocks = draw(st.integers(100, 120))
         max_num_batched_tokens = num_gpu_blocks * block_size

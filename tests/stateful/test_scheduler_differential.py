@@ -21,7 +21,7 @@ from impl.scheduler_output import SchedulerOutput
 from kvsched.peers.lockstep import Lockstep
 from kvsched.peers.ours import SchedulerAdapter
 from spec.types import SamplingParams, SchedulerConfig
-from tests.stateful.coverage import REQUIRED_EVENTS, UNDONE_VICTIM_EVENT
+from tests.stateful.coverage import REQUIRED_EVENTS, UNDONE_VICTIM_EVENT, WATERMARK_EVENT
 from tests.stateful.harness import run_differential
 from tests.stateful.machine import DifferentialMachine
 from tests.stateful.profiles import SUPPRESSED
@@ -73,4 +73,6 @@ def test_policy_registries_match() -> None:
 
 
 def test_scheduler_differential() -> None:
-    run_differential(SchedulerDifferential, REQUIRED_EVENTS | {UNDONE_VICTIM_EVENT})
+    run_differential(
+        SchedulerDifferential, REQUIRED_EVENTS | {UNDONE_VICTIM_EVENT, WATERMARK_EVENT}
+    )
