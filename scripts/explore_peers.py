@@ -66,6 +66,7 @@ from spec.types import (
     Semantics,
 )
 from tests.stateful.prefix import prefix_events
+from tests.stateful.step import profile_events
 
 ORACLE_VOCAB = 8
 ORACLE = HashOracle(vocab_size=ORACLE_VOCAB)
@@ -114,7 +115,7 @@ def draw(
     shared_prefix: bool = False,
 ) -> tuple[SchedulerConfig, list[WorkloadRequest]]:
     nano = peer == "nano-vllm" or semantics is Semantics.NANO_VLLM
-    v0 = semantics is Semantics.VLLM_V0
+    v0 = peer == "vllm-v0" or semantics is Semantics.VLLM_V0
     block_size = rng.choice([2, 3, 4, 8, 16] if nano else [1, 2, 3, 4, 8, 16])
     max_prompt, max_tokens = rng.randint(1, 24), rng.randint(1, 16)
     max_num_seqs = rng.randint(1, 6)
@@ -154,12 +155,15 @@ def draw(
         blocks, chunked = max(blocks, need), True
         if nano:  # no chunked prefill: a recompute re-prefills P + M - 1 in one step (R4)
             budget = max(budget, *(len(r.prompt) + r.params.max_tokens - 1 for r in workload))
-    mode, cpu_blocks = PreemptionMode.RECOMPUTE, 0
-    if v0:  # swap half the time, into a CPU pool from none to twice the GPU's
-        if rng.random() < 0.5:
+    mode, cpu_blocks, model_len = PreemptionMode.RECOMPUTE, 0, None
+    if v0:
+        if rng.random() < 0.2:  # vllm-v0/watermark: 1 of 100-104 one-token blocks stays free
+            block_size, blocks, budget = 1, rng.randint(100, 104), max(budget, 100)
+        if rng.random() < 0.5:  # swap, into a CPU pool from none to twice the GPU's
             mode, cpu_blocks = PreemptionMode.SWAP, rng.randint(0, 2 * blocks)
-        if rng.random() < 0.2:  # vllm-v0/watermark: 1% of 100+ blocks stays free
-            blocks = max(blocks, 100)
+        if rng.random() < 0.3:  # vllm-v0/max-model-len below the profile's largest
+            usable = (blocks - blocks // 100) * block_size
+            model_len = rng.randint(1, min(budget, usable))
     config = SchedulerConfig(
         num_gpu_blocks=blocks,
         block_size=block_size,
@@ -171,6 +175,7 @@ def draw(
         enable_prefix_caching=shared_prefix,
         preemption_mode=mode,
         num_cpu_blocks=cpu_blocks,
+        max_model_len=model_len if semantics is Semantics.VLLM_V0 else None,
     )
     return config, workload
 
@@ -251,6 +256,7 @@ def run_with_aborts(
             plan = lock.step()
             if events is not None:
                 mid = spec.schedule(before)[0]
+                events.update(profile_events(before, mid, plan))
                 events.update(
                     prefix_events(
                         before,
@@ -346,7 +352,8 @@ def main() -> int:
         except (PeerUnsupportedError, ConfigError) as e:
             kinds[f"unsupported: {e}"] += 1
             continue
-        if args.aborts or args.shared_prefix:
+        # Events are counted on the same loop (the profile's rules: vllm-v0's, nano-vllm's).
+        if args.aborts or args.shared_prefix or semantics is Semantics.VLLM_V0:
             events: set[str] = set()
             report = run_with_aborts(peer, config, workload, rng, args.aborts, events=events)
             runs_with.update(events)

@@ -126,13 +126,15 @@ def installed_version(bug: KnownBug) -> str | None:
 def classify(peer: str, divergence: Divergence, *, version: str | None = None) -> KnownBug | None:
     """The known peer bug ``divergence`` is the signature of, on the peer's ``version``
     (default: the one installed in this environment; a peer run elsewhere says its own)."""
-    bug = _signature(peer, divergence)
+    bug = signature(peer, divergence)
     if bug is None:
         return None
     return bug if bug.covers(version or installed_version(bug)) else None
 
 
-def _signature(peer: str, divergence: Divergence) -> KnownBug | None:
+def signature(peer: str, divergence: Divergence) -> KnownBug | None:
+    """The known bug whose signature ``divergence`` carries, whatever the version (the
+    version matrix asks this of versions a bug was not yet confirmed on)."""
     raised = str(divergence.engine_value) if divergence.field == "step()" else ""
     if peer == "nano-vllm":
         observed = divergence.engine_state
@@ -190,5 +192,6 @@ __all__ = [
     "KnownBug",
     "classify",
     "installed_version",
+    "signature",
     "version_key",
 ]
