@@ -212,7 +212,7 @@ def admits_after_swap_in(config: SchedulerConfig) -> bool:
 
     Not under **vllm-v0/prefill-first**: V0 admits before its decodes or not at all, so
     a step that starts with requests swapped admits nobody, even when phase B brings
-    every one of them back (``core/scheduler.py:1232-1234``).
+    every one of them back (``core/scheduler.py:1244-1247``).
 
     post: __return__ == (config.semantics is not Semantics.VLLM_V0)
     """

@@ -240,7 +240,7 @@ class SchedulerConfig:
         if self.enable_chunked_prefill:
             # core/block_manager.py:166-186: V0 allocates a chunked prefill's whole
             # sequence at admission, and its chunked walk re-orders running when the
-            # budget runs out (core/scheduler.py:697-701, 1409-1420): not modelled.
+            # budget runs out (core/scheduler.py:712-714, 1402-1422): not modelled.
             raise ConfigError(f"{prefix}: no chunked prefill (use enable_chunked_prefill=False)")
         if self.preemption_mode is PreemptionMode.RESTART:
             # core/scheduler.py:1750-1793: recompute or swap.

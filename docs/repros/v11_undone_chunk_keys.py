@@ -55,6 +55,7 @@ _root.mkdir(exist_ok=True)
     )
 )
 os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")  # a GPU build, run on a CPU
 os.environ.setdefault("VLLM_CACHE_ROOT", str(_root / "cache"))
 
 import torch  # noqa: E402

