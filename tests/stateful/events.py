@@ -1,4 +1,8 @@
-"""One differential step: both sides step in lockstep, and the plan must be valid."""
+"""The coverage events of a step, computed from the spec's states (both sides were just
+found to agree on them), so they say what the rules of docs/semantics.md did, not what the
+system under test reports: ``before`` the step, ``mid`` (after its decisions,
+``spec.schedule``), its ``plan`` and the state ``after`` it.
+"""
 
 from __future__ import annotations
 
@@ -12,15 +16,25 @@ from spec.scheduler import StepDraft, schedule_running
 from spec.types import (
     FinishReason,
     PreemptionMode,
+    RequestState,
     SchedulerConfig,
     SchedulerState,
     Semantics,
     StepPlan,
     watermark_blocks,
 )
-from tests.stateful.base import MachineBase
 from tests.stateful.coverage import WATERMARK_EVENT
-from tests.stateful.failures import InjectedFault, fail, require
+from tests.stateful.nano_cache import nano_cache_events
+
+
+def abort_label(queue: str, request: RequestState) -> str:
+    if queue == "running":
+        if request.num_tokens - request.num_computed_tokens > 1:
+            return "abort: running mid-prefill"
+        return "abort: running (decoding)"
+    if queue == "waiting" and request.num_preemptions > 0:
+        return "abort: waiting after a preemption"
+    return f"abort: {queue}"
 
 
 def preempts_only_by_v0s_count(before: SchedulerState, plan: StepPlan) -> bool:
@@ -88,83 +102,45 @@ def full_sequence_gate_refused(mid: SchedulerState, plan: StepPlan) -> int | Non
     return None
 
 
-class Stepping(MachineBase):
-    # --- a differential step ----------------------------------------------------------------
-
-    def do_step(self) -> StepPlan | None:
-        """One step on both sides: its plan, or None if an injected fault rolled it back."""
-        before = self.lock.state
-        real_before = (self.lock.last_observed or self.lock.peer.observe()).state
-        snapshot = self.fault_snapshot()
-        try:
-            with self.compared(f"step {before.num_steps}: the real side"):
-                advance = self.lock.advance()
-        except InjectedFault:
-            self.check_rollback(before, snapshot)
-            return None
-        mid, draft, plan = advance.mid, advance.decided, advance.engine_plan
-        after = self.lock.state
-        violations = spec.plan_violations(before, plan, after)
-        if violations:
-            fail("plan_valid", f"step {before.num_steps}: {'; '.join(violations)}")
-        # The progress rule on each side's own history (state before, plan), so a
-        # starvation both sides share is caught too (docs/semantics.md).
-        for side, state, decided_plan in (("spec", before, draft), ("real", real_before, plan)):
-            waits = spec.progress_violations(state, decided_plan)
-            if waits:
-                fail("no_idle_wait", f"{side}: {'; '.join(waits)}")
-        require(
-            bool(plan.scheduled or plan.preempted) or not spec.has_unfinished_requests(before),
-            "step_progress",
-            lambda: f"step {before.num_steps} did nothing with requests live",
-        )
-        self.after_step(mid, plan)
-        self.record_step(before, mid, plan)
-        return plan
-
-    def check_rollback(self, before: SchedulerState, snapshot: dict[str, object]) -> None:
-        """A failed step left the real side as it was ``before`` it (and the spec, which
-        never took it, agrees); what it would have decided names the fault's events."""
-        with self.compared("observe", "fault_rolls_back", "after a failed step: "):
-            self.lock.compare_states()
-        for invariant, value in self.fault_snapshot().items():
-            require(
-                value == snapshot[invariant],
-                invariant,
-                lambda: f"after a failed step {before.num_steps}: changed",
-            )
-        self.faults_fired += 1
-        self.record.stats.rejected_steps += 1
-        _, draft = spec.schedule(before)
-        if draft.preempted:
-            self.note("fault: in a step that preempted")
-        if any(p.mode is PreemptionMode.SWAP for p in draft.preempted):
-            self.note("fault: in a step that swapped out")
-        if draft.swapped_in:
-            self.note("fault: in a step that swapped in")
-
-    def record_step(self, before: SchedulerState, mid: SchedulerState, plan: StepPlan) -> None:
-        config = self.config
-        after = self.lock.state
-        self.record.stats.steps += 1
-        self.preemptions += len(plan.preempted)
-        for label in step_events(config, before, plan, after):
-            self.note(label)
-        by_id = {r.request_id: r for r in mid.running}
-        for finished in plan.finished:
-            self.record_outcome(by_id[finished.request_id].request.arrival, finished)
-        for label in profile_events(before, mid, plan):
-            self.note(label)
-        self.peak_gpu_used = max(
-            self.peak_gpu_used, config.num_gpu_blocks - after.num_free_gpu_blocks
-        )
-        self.peak_swapped = max(self.peak_swapped, len(after.swapped))
+def step_events(
+    config: SchedulerConfig, before: SchedulerState, plan: StepPlan, after: SchedulerState
+) -> Iterator[str]:
+    """The coverage events of one step (``before`` it, its ``plan``, the state ``after``)."""
+    index = {r.request_id: r for r in (*before.waiting, *before.running, *before.swapped)}
+    for preemption in plan.preempted:
+        yield f"preempt: {preemption.mode}"
+        if (
+            config.preemption_mode is PreemptionMode.SWAP
+            and preemption.mode is PreemptionMode.RECOMPUTE
+        ):
+            yield "preempt: swap fell back to recompute (CPU pool full)"
+    if len(plan.preempted) > 1:
+        yield "preempt: several victims in one step"
+    if plan.preempted and before.waiting:
+        yield "admission held back by a preemption"
+    if plan.swapped_in:
+        yield "swap-in"
+    for chunk in plan.scheduled:
+        request = index[chunk.request_id]
+        if chunk.start + chunk.num_tokens < request.num_tokens:
+            yield "chunked prefill: partial chunk"
+        elif chunk.start > 0 and chunk.num_tokens > 1:
+            yield "chunked prefill: last chunk of a resumed prefill"
+        if chunk.start == 0 and request.output_token_ids and chunk.num_tokens > 1:
+            yield "re-prefill of prompt + kept outputs"
+    for sampled in plan.sampled:
+        params = index[sampled.request_id].request.params
+        if params.ignore_eos and sampled.token_id == params.eos_token_id:
+            yield "finish: EOS sampled but ignored"
+    for finished in plan.finished:
+        yield f"finish: {finished.finish_reason}"
+    if len(after.running) == config.max_num_seqs and after.waiting:
+        yield "max_num_seqs reached with requests waiting"
 
 
 def profile_events(before: SchedulerState, mid: SchedulerState, plan: StepPlan) -> Iterator[str]:
-    """Events for the profile rules that made a difference in a step (the spec's view;
-    both sides were just found to agree on it): ``before`` it, ``mid`` (after the
-    decisions, ``spec.schedule``), its ``plan``. Shared with the peer machines."""
+    """Events for the profile rules that made a difference in a step: ``before`` it,
+    ``mid`` (after the decisions), its ``plan`` (its decisions suffice)."""
     config = before.config
     if config.semantics is Semantics.KVSCHED:
         return
@@ -212,38 +188,56 @@ def profile_events(before: SchedulerState, mid: SchedulerState, plan: StepPlan) 
             yield "nano-vllm/seq-limit-per-step: more than max_num_seqs running"
 
 
-def step_events(
-    config: SchedulerConfig, before: SchedulerState, plan: StepPlan, after: SchedulerState
+def prefix_events(
+    before: SchedulerState,
+    mid: SchedulerState,
+    plan: StepPlan,
+    after: SchedulerState,
+    *,
+    victim_blocks: dict[int, frozenset[int]],
+    prompts_sent_before: set[tuple[int, ...]],
 ) -> Iterator[str]:
-    """The coverage events of one step (``before`` it, its ``plan``, the state ``after``),
-    shared by the differential machines and the peer machines (tests/peers)."""
-    index = {r.request_id: r for r in (*before.waiting, *before.running, *before.swapped)}
-    for preemption in plan.preempted:
-        yield f"preempt: {preemption.mode}"
-        if (
-            config.preemption_mode is PreemptionMode.SWAP
-            and preemption.mode is PreemptionMode.RECOMPUTE
-        ):
-            yield "preempt: swap fell back to recompute (CPU pool full)"
-    if len(plan.preempted) > 1:
-        yield "preempt: several victims in one step"
-    if plan.preempted and before.waiting:
-        yield "admission held back by a preemption"
-    if plan.swapped_in:
-        yield "swap-in"
+    """The prefix-cache events of one step, from the spec's states: ``before`` it, ``mid``
+    (after its decisions), its ``plan`` and ``after`` it. ``victim_blocks`` (arrival ->
+    the blocks it gave up when last preempted) is read and updated with this step's
+    victims; ``prompts_sent_before`` are the prompts of requests already finished.
+    nano-vllm's cache rules' events come with them (tests/stateful/nano_cache.py).
+    scripts/explore_peers.py counts them too."""
+    cache_before, cache_mid = before.prefix_cache, mid.prefix_cache
+    if cache_before is None or cache_mid is None:
+        return
+    bs = before.config.block_size
+    waiting = {r.request_id: r for r in before.waiting}
+    running_mid = {r.request_id: r for r in mid.running}
+    keyed_before = {block for _, block in cache_before.cached}
+    free_before = set(cache_before.free_queue)
     for chunk in plan.scheduled:
-        request = index[chunk.request_id]
-        if chunk.start + chunk.num_tokens < request.num_tokens:
-            yield "chunked prefill: partial chunk"
-        elif chunk.start > 0 and chunk.num_tokens > 1:
-            yield "chunked prefill: last chunk of a resumed prefill"
-        if chunk.start == 0 and request.output_token_ids and chunk.num_tokens > 1:
-            yield "re-prefill of prompt + kept outputs"
-    for sampled in plan.sampled:
-        params = index[sampled.request_id].request.params
-        if params.ignore_eos and sampled.token_id == params.eos_token_id:
-            yield "finish: EOS sampled but ignored"
-    for finished in plan.finished:
-        yield f"finish: {finished.finish_reason}"
-    if len(after.running) == config.max_num_seqs and after.waiting:
-        yield "max_num_seqs reached with requests waiting"
+        request = waiting.get(chunk.request_id)
+        if request is None or chunk.start == 0:
+            continue
+        hit = running_mid[chunk.request_id].block_ids[: chunk.start // bs]
+        yield "prefix: hit"
+        if chunk.start < (request.num_tokens - 1) // bs * bs:
+            yield "prefix: partial hit (fewer blocks than it could hit)"
+        else:
+            yield "prefix: full-prompt hit (every block it may hit)"
+            if request.num_tokens % bs == 0 and not request.output_token_ids:
+                yield "prefix: full-prompt hit on exactly k blocks (last block recomputed)"
+        if not set(hit) <= keyed_before:
+            yield "prefix: hit on blocks keyed in the same step"
+        if set(hit) & free_before:
+            yield "prefix: hit on a free cached block"
+        if set(hit) & victim_blocks.get(request.request.arrival, frozenset()):
+            yield "prefix: resumed request hit its own freed blocks"
+        if request.request.prompt_token_ids in prompts_sent_before:
+            yield "prefix: resent prompt hit"
+    if set(cache_before.cached) - set(cache_mid.cached):
+        yield "prefix: cached block reclaimed"
+    yield from nano_cache_events(before, mid, plan, after)
+    held = [block for r in after.running for block in r.block_ids]
+    if len(set(held)) < len(held):
+        yield "prefix: block shared by running requests"
+    for preemption in plan.preempted:
+        if preemption.mode is not PreemptionMode.SWAP:
+            victim = next(r for r in before.running if r.request_id == preemption.request_id)
+            victim_blocks[victim.request.arrival] = frozenset(victim.block_ids)
