@@ -25,22 +25,14 @@ from kvsched.workload import WorkloadRequest
 from spec.oracle import HashOracle
 from spec.types import PreemptionMode, SamplingParams, SchedulerConfig, Semantics
 from tests.cli.helpers import Invoke
+from tests.peers.conftest import require_peer_venv
 
 ROOT = Path(__file__).resolve().parents[2]
 ORACLE = HashOracle(vocab_size=256)
 
 
 def v0_python() -> Path:
-    python = registry.venv_python(registry.entry("vllm-v0"))
-    if python is None:
-        message = (
-            f"vLLM V0's environment is missing under {registry.venv_root()} (run "
-            "scripts/install_peers --venv vllm-v0)"
-        )
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail(message)
-        pytest.skip(message)
-    return python
+    return require_peer_venv("vllm-v0")
 
 
 def venv_version() -> str | None:
