@@ -55,8 +55,10 @@ REQUIRED_V0: Final = PEER_EVENTS | {
     "preempt: swap",
     "swap-in",
     "abort: swapped",
-    "preempt: several victims in one step",
     "admission held back by a preemption",
+    # Not required: several victims in one step (two steps of the ci run: too rare to
+    # hold a changed stream to; the seed workload in swap mode has them,
+    # tests/peers/test_vllm_v0.py).
 }
 
 
