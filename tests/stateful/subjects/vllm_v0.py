@@ -56,9 +56,8 @@ REQUIRED_V0: Final = PEER_EVENTS | {
     "swap-in",
     "abort: swapped",
     "admission held back by a preemption",
-    # Not required: several victims in one step (two steps of the ci run: too rare to
-    # hold a changed stream to; the seed workload in swap mode has them,
-    # tests/peers/test_vllm_v0.py).
+    # Not required: several victims in one step, reached in two steps of the ci run
+    # (too rare to hold a changed stream to; our subjects require it).
 }
 
 
