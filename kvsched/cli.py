@@ -42,7 +42,7 @@ from kvsched.peers import (
 from kvsched.peers.lockstep import describe_states
 from kvsched.peers.ours import EngineAdapter
 from kvsched.peers.registry import PeerVersion
-from kvsched.peers.remote import PeerProcess
+from kvsched.peers.remote import RemotePeer
 from kvsched.peers.server import run_script
 from kvsched.plot import PLOT_FORMATS, plot_timeline
 from kvsched.progress import PROG, CommandProgress, notice, wanted, warn
@@ -428,12 +428,15 @@ def cmd_conform(args: argparse.Namespace) -> int:
     if args.show_states and result.divergence is not None:
         print(describe_states(result.divergence))
     if args.emit_repro is not None:
-        _emit_repro(args, config=config, workload=workload, result=result, version=version, eos=eos)
+        _emit_repro(
+            args, peer, config=config, workload=workload, result=result, version=version, eos=eos
+        )
     return 0 if result.ok else 1
 
 
 def _emit_repro(
     args: argparse.Namespace,
+    peer: SchedulerUnderTest,
     *,
     config: SchedulerConfig,
     workload: list[WorkloadRequest],
@@ -444,8 +447,8 @@ def _emit_repro(
     if result.divergence is None:
         notice(f"--emit-repro {args.emit_repro}: no divergence, nothing written", quiet=args.quiet)
         return
-    python = peer_python(args.engine, args.peer_python)
-    run = run_script if python is None else PeerProcess(python, args.engine).run_script
+    # Shrinking runs the script where the peer ran: a peer elsewhere, in its process.
+    run = peer.process.run_script if isinstance(peer, RemotePeer) else run_script
     kept, check, last = repro.emit(
         args.emit_repro,
         args.engine,
@@ -456,7 +459,7 @@ def _emit_repro(
         version=version,
         oracle_vocab=args.oracle_vocab,
         eos=eos,
-        command="kvsched " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+        command="kvsched " + " ".join(shlex.quote(a) for a in args.argv),
     )
     notice(
         f"wrote {args.emit_repro} ({kept} of {len(workload)} requests; checks {check}): {last}",
@@ -488,6 +491,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as e:  # --help, or a usage error already printed as one line
         return e.code if isinstance(e.code, int) else 2
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # as typed (--emit-repro)
     if args.command is None:  # bare ``kvsched``: what there is to run
         parser.print_help(sys.stderr)
         return 2
