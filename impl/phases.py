@@ -48,6 +48,9 @@ def schedule_running(sched: Scheduler, out: SchedulerOutput, budget: int) -> int
     free = gpu.num_free_blocks
     num_scheduled = out.num_scheduled
     record = num_scheduled.append
+    # vllm-v0/append-touches-last-block: a chunk wants a free block for every block it
+    # writes into, its partly filled last one too (V0's worst case, copy-on-write).
+    touches_last = sched.append_touches_last_block
     capped = 0
     i = 0
     nrun = len(running)
@@ -61,11 +64,13 @@ def schedule_running(sched: Scheduler, out: SchedulerOutput, budget: int) -> int
         table = seq.block_table
         end = computed + n
         held = len(table) * bs
-        # Most decodes stay inside their last block: nothing to grow, nothing to key.
-        if end >= held:  # the chunk fills its last block, or runs past it
-            if end > held:
+        # Most decodes stay inside their last block: nothing to grow, nothing to key
+        # (vllm-v0/append-touches-last-block: but it still wants a free block).
+        if end >= held or touches_last:  # the chunk fills its last block, or runs past it
+            if end > held or touches_last:
                 need = (end - 1) // bs + 1 - len(table)
-                if need > free:
+                wanted = need + (touches_last and computed % bs != 0)
+                if wanted > free:
                     if sched.victim_any_running:
                         preempted_itself, tokens, count, not_sampled = make_room_any_running(
                             sched, out, i, need
@@ -76,7 +81,7 @@ def schedule_running(sched: Scheduler, out: SchedulerOutput, budget: int) -> int
                         i -= count
                         capped -= not_sampled
                     else:
-                        preempted_itself = make_room(sched, out, i, need)
+                        preempted_itself = make_room(sched, out, i, wanted)
                     if preempted_itself:
                         if n < remaining:
                             capped -= 1  # it was not scheduled after all
@@ -232,7 +237,7 @@ def swap_in(sched: Scheduler, out: SchedulerOutput, budget: int) -> int:
                 break
             n = budget
         num_blocks = cdiv(computed + n, bs)
-        if num_blocks > gpu.num_free_blocks:
+        if num_blocks > gpu.num_free_blocks - sched.watermark:  # vllm-v0/watermark
             break
         swapped.popleft()
         cpu_blocks = seq.cpu_block_table.copy()
@@ -261,6 +266,7 @@ def admit(sched: Scheduler, out: SchedulerOutput, budget: int) -> int:
     policy = sched.policy
     gate = policy.has_admission_gate
     track = sched.tracks_running
+    watermark = sched.watermark
     full_sequence_gate = sched.full_sequence_gate
     whole_sequence_gate = sched.whole_sequence_gate
     # nano-vllm/seq-limit-per-step: max_num_seqs counts this step's admissions only.
@@ -287,7 +293,7 @@ def admit(sched: Scheduler, out: SchedulerOutput, budget: int) -> int:
         free = gpu.num_free_blocks
         # PC4: a hit on a free block takes it from the free queue too.
         evictable = gpu.num_evictable(hit)
-        if num_blocks + evictable > free:
+        if num_blocks + evictable > free - watermark:  # vllm-v0/watermark
             break
         # vllm-v1/full-sequence-admission: blocks for all its tokens must be free
         # (-hits: the hit blocks are not asked for again, its free ones are, as above).

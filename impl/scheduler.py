@@ -96,10 +96,20 @@ class Scheduler:
         # by the phases; each names its rule.
         #: nano-vllm/prefill-first and nano-vllm/decode-unbudgeted (+ seq-limit-per-step)
         self.prefill_first = semantics is Semantics.NANO_VLLM
+        #: vllm-v0/prefill-first: admit first while nothing is swapped, else no admission
+        self.prefill_first_unless_swapped = semantics is Semantics.VLLM_V0
+        #: vllm-v0/watermark: blocks an admission or a swap-in leaves free (V0's 1%)
+        self.watermark = int(0.01 * config.num_gpu_blocks) if semantics is Semantics.VLLM_V0 else 0
+        #: vllm-v0/append-touches-last-block
+        self.append_touches_last_block = semantics is Semantics.VLLM_V0
         #: nano-vllm/victim-next
         self.victim_next = semantics is Semantics.NANO_VLLM
-        #: vllm-v1/max-model-len (None: no such limit)
-        self.max_model_len = config.max_model_len if semantics is Semantics.VLLM_V1 else None
+        #: vllm-v1/max-model-len, vllm-v0/max-model-len (None: no such limit)
+        self.max_model_len = (
+            config.max_model_len if semantics in (Semantics.VLLM_V1, Semantics.VLLM_V0) else None
+        )
+        #: vllm-v0/max-model-len: a prompt of exactly max_model_len tokens is accepted
+        self.prompt_may_fill_model_len = semantics is Semantics.VLLM_V0
         #: vllm-v1/full-sequence-admission
         self.full_sequence_gate = semantics is Semantics.VLLM_V1
         #: vllm-v1/priority-victim-any-running
@@ -162,7 +172,9 @@ class Scheduler:
         self.next_arrival += 1
         seq = Sequence(request)
         if self.max_model_len is not None and self.max_model_len < seq.stop_len:
-            seq.stop_len = self.max_model_len  # vllm-v1/max-model-len: length at that size
+            # vllm-v1/max-model-len: length at that size; vllm-v0/max-model-len's prompt of
+            # max_model_len tokens stops at its first output.
+            seq.stop_len = max(self.max_model_len, seq.num_prompt_tokens + 1)
         self.requests[request_id] = seq
         self.waiting.push_back(seq)
         return seq
@@ -210,13 +222,16 @@ class Scheduler:
 
         vllm-v1/max-model-len replaces it: a prompt of ``max_model_len`` tokens or more is
         refused (vLLM's front end); the profile's config makes the rest fit.
+        vllm-v0/max-model-len: a prompt longer than ``max_model_len``.
         """
         config = self.config
-        if self.max_model_len is not None:
-            if prompt_len >= self.max_model_len:
+        length = self.max_model_len
+        if length is not None:
+            if prompt_len > length or (prompt_len == length and not self.prompt_may_fill_model_len):
+                relation = ">" if self.prompt_may_fill_model_len else ">="
                 raise RequestTooLargeError(
-                    f"request {request_id!r}: prompt of {prompt_len} tokens >= max_model_len "
-                    f"{self.max_model_len}"
+                    f"request {request_id!r}: prompt of {prompt_len} tokens {relation} "
+                    f"max_model_len {length}"
                 )
             return
         most_cached = prompt_len + max_tokens - 1  # the last output is never written
@@ -271,19 +286,26 @@ class Scheduler:
         out = SchedulerOutput(self.num_steps, self.num_cached_tokens)
         self.gpu.begin()
         budget = self.config.max_num_batched_tokens
+        admit_first = self.prefill_first or (self.prefill_first_unless_swapped and not self.swapped)
         try:
             # Phases B and C only when someone is swapped or waiting: most steps are not.
-            if self.prefill_first:
+            if admit_first:
                 if self.waiting:
                     budget = phases.admit(self, out, budget)
-                if not out.num_admitted:
+                if out.num_admitted:
+                    pass
+                elif self.prefill_first:
                     phases.decode_unbudgeted(self, out)
+                else:  # vllm-v0: nothing is swapped, so phase B has nobody to bring back
+                    budget = phases.schedule_running(self, out, budget)
             else:
                 budget = phases.schedule_running(self, out, budget)
                 if not out.preempted:
                     if self.swapped:
                         budget = phases.swap_in(self, out, budget)
-                    if not self.swapped and self.waiting:
+                    # vllm-v0/prefill-first: no admission in a step that began with swaps.
+                    admits = not self.prefill_first_unless_swapped
+                    if not self.swapped and self.waiting and admits:
                         budget = phases.admit(self, out, budget)
         except BaseException:
             rollback(self, out)
@@ -291,10 +313,9 @@ class Scheduler:
         n = len(out.num_scheduled)
         out.num_batched_tokens = sum(out.num_scheduled)
         # The chunks are a contiguous run of ``running``: its head, or under
-        # nano-vllm/prefill-first the requests a prefill step admitted, at its tail.
-        out.first_scheduled = (
-            len(self.running) - n if self.prefill_first and out.num_admitted else 0
-        )
+        # nano-vllm/prefill-first (vllm-v0's) the requests a prefill step admitted, at its
+        # tail.
+        out.first_scheduled = len(self.running) - n if admit_first and out.num_admitted else 0
         out.scheduled = self.running[out.first_scheduled : out.first_scheduled + n]
         return out
 

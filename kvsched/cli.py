@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import shlex
 import sys
 from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, version
@@ -27,9 +28,22 @@ from typing import NoReturn
 from kvsched import argtypes, conform, demo, engine_options, report
 from kvsched.engine_protocol import Engine
 from kvsched.errors import CLIInputError
-from kvsched.peers import PEERS, PROFILES, SchedulerUnderTest, common_eos, make_peer
+from kvsched.peers import (
+    PEERS,
+    PROFILES,
+    SchedulerUnderTest,
+    common_eos,
+    make_peer,
+    peer_python,
+    peer_version,
+    registry,
+    repro,
+)
 from kvsched.peers.lockstep import describe_states
 from kvsched.peers.ours import EngineAdapter
+from kvsched.peers.registry import PeerVersion
+from kvsched.peers.remote import RemotePeer
+from kvsched.peers.server import run_script
 from kvsched.plot import PLOT_FORMATS, plot_timeline
 from kvsched.progress import PROG, CommandProgress, notice, wanted, warn
 from kvsched.runner import run_reference, run_workload
@@ -180,8 +194,17 @@ def _add_conform_parser(sub: argparse._SubParsersAction[OneLineParser]) -> None:
         "--engine",
         choices=("kvsched", *PEERS),
         default="kvsched",
-        help="the scheduler held to the spec: our engine (default), or vLLM V1's or "
-        "nano-vllm's real scheduler (install them with scripts/install_peers)",
+        help="the scheduler held to the spec: our engine (default), or vLLM V1's, "
+        "nano-vllm's or vLLM V0's real scheduler (install them with scripts/install_peers; "
+        "vLLM V0 in its own environment: scripts/install_peers --venv vllm-v0)",
+    )
+    p.add_argument(
+        "--peer-python",
+        metavar="PATH",
+        default=None,
+        help="run the peer in another Python environment, the one of this interpreter "
+        "(docs/peers.md; default: the peer's own environment where install_peers made one, "
+        "else this process)",
     )
     p.add_argument(
         "--oracle-vocab",
@@ -190,6 +213,13 @@ def _add_conform_parser(sub: argparse._SubParsersAction[OneLineParser]) -> None:
         metavar="N",
         help="a peer samples with a pure toy oracle over N tokens (default 256); "
         "a small N makes EOS frequent",
+    )
+    p.add_argument(
+        "--emit-repro",
+        metavar="FILE.py",
+        default=None,
+        help="at a divergence with a peer, shrink the workload and write a standalone script "
+        "that drives only the peer and fails with the violated property (docs/peers.md)",
     )
     p.add_argument(
         "--show-states",
@@ -366,22 +396,75 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_conform(args: argparse.Namespace) -> int:
     peer: SchedulerUnderTest
+    version: PeerVersion | None = None
+    eos: int | None = None
+    if args.emit_repro is not None:
+        if args.engine == "kvsched":
+            raise CLIInputError("--emit-repro writes a script that drives a peer; use --engine")
+        check_output_path("--emit-repro", args.emit_repro, formats=("py",))
     if args.engine == "kvsched":
         workload, config, model = _read_inputs(args)
         peer = EngineAdapter(engine_options.make_engine(config, args, model))
     else:
         workload = read_workload(args.workload)
         config = engine_options.scheduler_config(args, PROFILES[args.engine])
-        eos = common_eos(r.params for r in workload) if args.engine == "nano-vllm" else None
-        peer = make_peer(args.engine, config, eos_token_id=eos)
+        if args.engine == "nano-vllm":
+            eos = common_eos(r.params for r in workload)
+        peer = make_peer(
+            args.engine,
+            config,
+            eos_token_id=eos,
+            python=peer_python(args.engine, args.peer_python),
+        )
+        version = peer_version(args.engine, peer)
+        if not version.tested:
+            tested = ", ".join(registry.entry(args.engine).tested)
+            warn(f"{args.engine}: {version} is not a version it was tested on ({tested})")
     with CommandProgress("kvsched conform", len(workload), enabled=wanted(quiet=args.quiet)) as bar:
         result = conform.conform(
             peer, config, workload, oracle_vocab=args.oracle_vocab, on_step=bar.update
         )
-    print(conform.render(result, config, args.engine))
+    print(conform.render(result, config, args.engine, version=version))
     if args.show_states and result.divergence is not None:
         print(describe_states(result.divergence))
+    if args.emit_repro is not None:
+        _emit_repro(
+            args, peer, config=config, workload=workload, result=result, version=version, eos=eos
+        )
     return 0 if result.ok else 1
+
+
+def _emit_repro(
+    args: argparse.Namespace,
+    peer: SchedulerUnderTest,
+    *,
+    config: SchedulerConfig,
+    workload: list[WorkloadRequest],
+    result: conform.ConformReport,
+    version: PeerVersion | None,
+    eos: int | None,
+) -> None:
+    if result.divergence is None:
+        notice(f"--emit-repro {args.emit_repro}: no divergence, nothing written", quiet=args.quiet)
+        return
+    # Shrinking runs the script where the peer ran: a peer elsewhere, in its process.
+    run = peer.process.run_script if isinstance(peer, RemotePeer) else run_script
+    kept, check, last = repro.emit(
+        args.emit_repro,
+        args.engine,
+        config,
+        workload,
+        result.divergence,
+        run=run,
+        version=version,
+        oracle_vocab=args.oracle_vocab,
+        eos=eos,
+        command="kvsched " + " ".join(shlex.quote(a) for a in args.argv),
+    )
+    notice(
+        f"wrote {args.emit_repro} ({kept} of {len(workload)} requests; checks {check}): {last}",
+        quiet=args.quiet,
+    )
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -408,6 +491,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as e:  # --help, or a usage error already printed as one line
         return e.code if isinstance(e.code, int) else 2
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # as typed (--emit-repro)
     if args.command is None:  # bare ``kvsched``: what there is to run
         parser.print_help(sys.stderr)
         return 2

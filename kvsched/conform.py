@@ -9,12 +9,14 @@ this module picks the scheduler under test and renders the one-line verdict.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 
 from kvsched.drive import StepCallback
 from kvsched.peers.known import classify
 from kvsched.peers.lockstep import LockstepReport, run_workload
 from kvsched.peers.protocol import SchedulerUnderTest
+from kvsched.peers.registry import PeerVersion
 from kvsched.workload import WorkloadRequest
 from spec.oracle import HashOracle
 from spec.types import SchedulerConfig
@@ -42,10 +44,23 @@ def conform(
     )
 
 
-def render(report: ConformReport, config: SchedulerConfig, engine: str = "kvsched") -> str:
+def render(
+    report: ConformReport,
+    config: SchedulerConfig,
+    engine: str = "kvsched",
+    *,
+    version: PeerVersion | None = None,
+) -> str:
+    """The one-line verdict; for a peer it names the ``version`` that ran (and where, when
+    not in this process), and a known peer bug the divergence is the signature of."""
     setup = f"policy {config.policy}, {config.preemption_mode} mode"
     if engine != "kvsched":
-        setup = f"{engine}, {setup}"
+        ran = engine
+        if version is not None and version.version is not None:
+            ran = f"{engine}: {version.distribution} {version.version}"
+            if version.python != sys.executable:
+                ran = f"{ran} in {version.python}"
+        setup = f"{ran}, {setup}"
     if report.divergence is None:
         return (
             f"conform: ok: spec and engine agree at all {report.steps} steps "
@@ -53,10 +68,10 @@ def render(report: ConformReport, config: SchedulerConfig, engine: str = "kvsche
             f"{report.preemptions} preemption{'' if report.preemptions == 1 else 's'}; {setup})"
         )
     verdict = f"conform: DIVERGED at {report.divergence} ({setup})"
-    bug = classify(engine, report.divergence)
+    bug = classify(engine, report.divergence, version=None if version is None else version.version)
     if bug is None:
         return verdict
     return (
-        f"{verdict}\n  known peer bug {bug.id} in {bug.distribution} {bug.version} "
+        f"{verdict}\n  known peer bug {bug.id}, confirmed on {bug.versions} "
         f"(docs/peers.md): {bug.summary}"
     )

@@ -68,7 +68,8 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
         "--enable-chunked-prefill",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="split long prefills across steps (default on; off under --semantics nano-vllm)",
+        help="split long prefills across steps (default on; off under --semantics nano-vllm "
+        "and vllm-v0)",
     )
     g.add_argument(
         "--preemption-mode",
@@ -103,15 +104,17 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
         choices=[s.value for s in Semantics],
         default=None,
         help="the spec's rules profile (docs/semantics.md, 'Semantics profiles'); default "
-        "kvsched, or for conform the --engine's own (vllm: vllm-v1, nano-vllm: nano-vllm)",
+        "kvsched, or for conform the --engine's own (vllm: vllm-v1, nano-vllm: nano-vllm, "
+        "vllm-v0: vllm-v0)",
     )
     g.add_argument(
         "--max-model-len",
         type=argtypes.positive_int,
         default=None,
         metavar="N",
-        help="vllm-v1 only: the longest prompt + outputs (default: the whole GPU cache, "
-        "and with chunked prefill off at most --max-num-batched-tokens)",
+        help="vllm-v1 and vllm-v0 only: the longest prompt + outputs (default: the whole "
+        "GPU cache, vllm-v0's above its watermark, and with chunked prefill off at most "
+        "--max-num-batched-tokens)",
     )
     g.add_argument("--device", choices=DEVICES, default="auto", help="(default auto)")
     g.add_argument("--dtype", choices=DTYPES, default="float32", help="(default float32)")
@@ -146,7 +149,8 @@ def scheduler_config(
 ) -> SchedulerConfig:
     """The config the options name; ``ConfigError`` for a combination a profile forbids."""
     semantics = default_semantics if args.semantics is None else Semantics(args.semantics)
-    # What the profile implies (nano-vllm: no chunked prefill, caching on), unless given.
+    # What the profile implies (nano-vllm: no chunked prefill, caching on;
+    # vllm-v0: no chunked prefill), unless given.
     implied = profile_defaults(semantics)
     if args.enable_chunked_prefill is not None:
         implied["enable_chunked_prefill"] = args.enable_chunked_prefill

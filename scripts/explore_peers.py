@@ -42,21 +42,30 @@ from pathlib import Path
 
 import spec
 from kvsched.errors import DrainError
-from kvsched.peers import PROFILES, PeerUnsupportedError, common_eos, make_peer
+from kvsched.peers import (
+    PEERS,
+    PROFILES,
+    PeerUnsupportedError,
+    common_eos,
+    make_peer,
+    peer_python,
+)
 from kvsched.peers.known import classify
 from kvsched.peers.lockstep import Diverged, Divergence, Lockstep, LockstepReport, run_workload
 from kvsched.peers.ours import SchedulerAdapter
 from kvsched.peers.protocol import SchedulerUnderTest
+from kvsched.peers.remote import PeerProcess, RemotePeer
 from kvsched.workload import WorkloadRequest
 from spec.oracle import HashOracle
 from spec.types import (
     ConfigError,
     InvalidRequestError,
+    PreemptionMode,
     SamplingParams,
     SchedulerConfig,
     Semantics,
 )
-from tests.stateful.events import prefix_events
+from tests.stateful.events import prefix_events, profile_events
 
 ORACLE_VOCAB = 8
 ORACLE = HashOracle(vocab_size=ORACLE_VOCAB)
@@ -105,6 +114,7 @@ def draw(
     shared_prefix: bool = False,
 ) -> tuple[SchedulerConfig, list[WorkloadRequest]]:
     nano = peer == "nano-vllm" or semantics is Semantics.NANO_VLLM
+    v0 = peer == "vllm-v0" or semantics is Semantics.VLLM_V0
     block_size = rng.choice([2, 3, 4, 8, 16] if nano else [1, 2, 3, 4, 8, 16])
     max_prompt, max_tokens = rng.randint(1, 24), rng.randint(1, 16)
     max_num_seqs = rng.randint(1, 6)
@@ -144,17 +154,33 @@ def draw(
         blocks, chunked = max(blocks, need), True
         if nano:  # no chunked prefill: a recompute re-prefills P + M - 1 in one step (R4)
             budget = max(budget, *(len(r.prompt) + r.params.max_tokens - 1 for r in workload))
+    mode, cpu_blocks, model_len = PreemptionMode.RECOMPUTE, 0, None
+    if v0:
+        if rng.random() < 0.2:  # vllm-v0/watermark: 1 of 100-104 one-token blocks stays free
+            block_size, blocks, budget = 1, rng.randint(100, 104), max(budget, 100)
+        if rng.random() < 0.5:  # swap, into a CPU pool from none to twice the GPU's
+            mode, cpu_blocks = PreemptionMode.SWAP, rng.randint(0, 2 * blocks)
+        if rng.random() < 0.3:  # vllm-v0/max-model-len below the profile's largest
+            usable = (blocks - blocks // 100) * block_size
+            model_len = rng.randint(1, min(budget, usable))
     config = SchedulerConfig(
         num_gpu_blocks=blocks,
         block_size=block_size,
         max_num_batched_tokens=budget,
         max_num_seqs=max_num_seqs,
-        enable_chunked_prefill=chunked and chunking and semantics is not Semantics.NANO_VLLM,
+        enable_chunked_prefill=chunked and chunking and semantics not in UNCHUNKED,
         policy=policy,
         semantics=semantics,
         enable_prefix_caching=shared_prefix,
+        preemption_mode=mode,
+        num_cpu_blocks=cpu_blocks,
+        max_model_len=model_len if semantics is Semantics.VLLM_V0 else None,
     )
     return config, workload
+
+
+#: The profiles without chunked prefill (nano-vllm's has none; vllm-v0 does not model V0's).
+UNCHUNKED = (Semantics.NANO_VLLM, Semantics.VLLM_V0)
 
 
 def hit_tokens(config: SchedulerConfig, workload: list[WorkloadRequest]) -> int:
@@ -229,6 +255,7 @@ def run_with_aborts(
             plan = lock.step()
             if events is not None:
                 mid = spec.schedule(before)[0]
+                events.update(profile_events(before, mid, plan))
                 events.update(
                     prefix_events(
                         before,
@@ -257,14 +284,18 @@ def command(peer: str, path: Path, c: SchedulerConfig) -> str:
         + ("" if c.enable_chunked_prefill else " --no-enable-chunked-prefill")
         + f" --semantics {c.semantics}"
         + (" --enable-prefix-caching" if c.enable_prefix_caching else " --no-enable-prefix-caching")
+        + f" --preemption-mode {c.preemption_mode} --num-cpu-blocks {c.num_cpu_blocks}"
         + f" --oracle-vocab {ORACLE_VOCAB}"
     )
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("peer", choices=[*PEERS, "kvsched"], help="kvsched: our impl.Scheduler")
     parser.add_argument(
-        "peer", choices=["vllm", "nano-vllm", "kvsched"], help="kvsched: our impl.Scheduler"
+        "--peer-python",
+        default=None,
+        help="the peer's environment (default: its own from install_peers --venv, else here)",
     )
     parser.add_argument(
         "--semantics",
@@ -293,6 +324,10 @@ def main() -> int:
     agree = steps = hits = 0
     started = time.perf_counter()
     semantics = PROFILES[args.peer] if args.semantics is None else Semantics(args.semantics)
+    # A peer in another environment: one server process for every run (its import once).
+    python = None if args.peer == "kvsched" else peer_python(args.peer, args.peer_python)
+    process = None if python is None else PeerProcess(python, args.peer)
+    version = None if process is None or process.installed is None else process.installed[1]
     for k in range(args.runs):
         rng = random.Random(args.seed + k)
         peer: SchedulerUnderTest
@@ -306,20 +341,25 @@ def main() -> int:
                 semantics=semantics,
                 shared_prefix=args.shared_prefix,
             )
+            eos = common_eos(r.params for r in workload) if args.peer == "nano-vllm" else None
             if args.peer == "kvsched":
                 peer = SchedulerAdapter(config)
+            elif process is not None:
+                peer = process.peer(config, eos_token_id=eos)
             else:
-                eos = common_eos(r.params for r in workload)
                 peer = make_peer(args.peer, config, eos_token_id=eos)
         except (PeerUnsupportedError, ConfigError) as e:
             kinds[f"unsupported: {e}"] += 1
             continue
-        if args.aborts or args.shared_prefix:
+        # Events are counted on the same loop (the profile's rules: vllm-v0's, nano-vllm's).
+        if args.aborts or args.shared_prefix or semantics is Semantics.VLLM_V0:
             events: set[str] = set()
             report = run_with_aborts(peer, config, workload, rng, args.aborts, events=events)
             runs_with.update(events)
         else:
             report = run_workload(peer, config, workload, ORACLE)
+        if isinstance(peer, RemotePeer):
+            peer.close()
         steps += report.steps
         if report.divergence is None:
             agree += 1
@@ -327,7 +367,7 @@ def main() -> int:
                 hits += hit_tokens(config, workload)
             continue
         kind = re.sub(r"\[\d+\]", "[i]", re.sub(r"\('r\d+'\)", "(...)", report.divergence.field))
-        bug = classify(args.peer, report.divergence)
+        bug = classify(args.peer, report.divergence, version=version)
         if bug is not None:
             kind = f"known peer bug {bug.id}: {kind}"
         kinds[kind] += 1
@@ -340,9 +380,10 @@ def main() -> int:
                 example += "\n    " + command(args.peer, path, config)
             examples[kind] = example
     seconds = time.perf_counter() - started
+    where = "" if process is None else f" ({process.installed} in {process.python})"
     print(
-        f"{args.peer} under {semantics}: {args.runs} runs, {agree} agree, {steps} steps, "
-        f"{seconds:.0f} s" + (f", {hits} tokens hit in agreeing runs" if hits else "")
+        f"{args.peer}{where} under {semantics}: {args.runs} runs, {agree} agree, {steps} "
+        f"steps, {seconds:.0f} s" + (f", {hits} tokens hit in agreeing runs" if hits else "")
     )
     for kind, count in kinds.most_common():
         print(f"{count:5d}  {kind}")

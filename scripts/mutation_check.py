@@ -197,11 +197,15 @@ MUTANTS: tuple[Mutant, ...] = (
             "                if not out.preempted:\n"
             "                    if self.swapped:\n"
             "                        budget = phases.swap_in(self, out, budget)\n"
-            "                    if not self.swapped and self.waiting:\n"
+            "                    # vllm-v0/prefill-first: no admission in a step that began "
+            "with swaps.\n"
+            "                    admits = not self.prefill_first_unless_swapped\n"
+            "                    if not self.swapped and self.waiting and admits:\n"
             "                        budget = phases.admit(self, out, budget)\n",
             "                if not out.preempted and self.swapped:\n"
             "                    budget = phases.swap_in(self, out, budget)\n"
-            "                if not self.swapped and self.waiting:\n"
+            "                admits = not self.prefill_first_unless_swapped\n"
+            "                if not self.swapped and self.waiting and admits:\n"
             "                    budget = phases.admit(self, out, budget)\n",
         ),
         expect=DIVERGES,
@@ -636,8 +640,8 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
         (
             SCHED,
-            "                    if not self.swapped and self.waiting:\n",
-            "                    if self.waiting:\n",
+            "                    if not self.swapped and self.waiting and admits:\n",
+            "                    if self.waiting and admits:\n",
         ),
         expect=("plan_valid",),
         common_mode=True,
@@ -702,6 +706,74 @@ MUTANTS: tuple[Mutant, ...] = (
         common_mode=True,
     ),
     # --- prefix caching (PC1-PC9), on the machines with caching on --------------------------
+    mutant(
+        "vllm-v0-decode-fits-last-block",
+        "vllm-v0/append-touches-last-block dropped in the engine: a decode whose token fits "
+        "its partly filled last block needs no free block (R5's count)",
+        (
+            PHASES,
+            "            wanted = need + (touches_last and computed % bs != 0)\n",
+            "            wanted = need\n",
+        ),
+        expect=DIVERGES,
+    ),
+    mutant(
+        "vllm-v0-admits-after-swap-in",
+        "vllm-v0/prefill-first dropped in the engine's second half: a step that began with "
+        "requests swapped admits once phase B brought them all back (kvsched's R8)",
+        (
+            SCHED,
+            "                    admits = not self.prefill_first_unless_swapped\n",
+            "                    admits = True\n",
+        ),
+        expect=DIVERGES,
+    ),
+    mutant(
+        "vllm-v0-prompt-at-model-len-refused",
+        "vllm-v0/max-model-len refuses a prompt of exactly max_model_len tokens in the engine "
+        "(vllm-v1's >=), which V0's front end accepts",
+        (
+            SCHED,
+            "(prompt_len == length and not self.prompt_may_fill_model_len)",
+            "prompt_len == length",
+        ),
+        expect=("same_rejection",),
+    ),
+    mutant(
+        "vllm-v0-watermark-ignored",
+        "vllm-v0/watermark dropped in the engine: admissions and swap-ins may take the last "
+        "1% of the pool",
+        (
+            PHASES,
+            "        if num_blocks > gpu.num_free_blocks - sched.watermark:  # vllm-v0/watermark\n",
+            "        if num_blocks > gpu.num_free_blocks:\n",
+        ),
+        (
+            PHASES,
+            "        if num_blocks + evictable > free - watermark:  # vllm-v0/watermark\n",
+            "        if num_blocks + evictable > free:\n",
+        ),
+        expect=DIVERGES,
+        machines=("scheduler",),
+    ),
+    mutant(
+        "cm-vllm-v0-admits-first-while-swapped",
+        "vllm-v0/prefill-first admits first even with requests swapped, in spec and engine: "
+        "waiting requests overtake the swapped ones V0 serves first",
+        (
+            "spec/profiles.py",
+            "(config.semantics is Semantics.VLLM_V0 and not state.swapped)\n",
+            "(config.semantics is Semantics.VLLM_V0)\n",
+        ),
+        (
+            SCHED,
+            "(self.prefill_first_unless_swapped and not self.swapped)",
+            "self.prefill_first_unless_swapped",
+        ),
+        # Both sides agree; Rule P sees the swapped head that fitted wait behind a prefill.
+        expect=("no_idle_wait",),
+        common_mode=True,
+    ),
     mutant(
         "prefix-stale-key",
         "a reclaimed cached block keeps its key: a later hit reads other content",
@@ -785,9 +857,9 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
         (
             PHASES,
-            "        if num_blocks + evictable > free:\n",
+            "        if num_blocks + evictable > free - watermark:  # vllm-v0/watermark\n",
             "        if (\n"
-            "            num_blocks + evictable > free\n"
+            "            num_blocks + evictable > free - watermark\n"
             "            or (seq.num_tokens > budget and not config.enable_chunked_prefill)\n"
             "            or cdiv(min(seq.num_tokens, budget), bs) > free\n"
             "        ):\n",

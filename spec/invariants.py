@@ -35,6 +35,7 @@ from spec.types import (
     ScheduledChunk,
     SchedulerConfig,
     SchedulerState,
+    Semantics,
     StepPlan,
 )
 
@@ -100,7 +101,14 @@ def _request_violations(state: SchedulerState, queue: str, request: RequestState
             f"computed {computed}, num_tokens {request.num_tokens}"
         )
     length = model_len(state.config)
-    if length is not None and request.num_tokens >= length:
+    # vllm-v0/max-model-len accepts a prompt of exactly max_model_len tokens (it stops
+    # at its first output); every other live request is below it.
+    fresh_at_length = (
+        state.config.semantics is Semantics.VLLM_V0
+        and not request.output_token_ids
+        and request.num_tokens == length
+    )
+    if length is not None and request.num_tokens >= length and not fresh_at_length:
         found.append(
             f"R10: {queue} request {rid!r} holds {request.num_tokens} tokens >= max_model_len "
             f"{length} but did not finish"

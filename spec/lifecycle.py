@@ -31,6 +31,7 @@ from spec.types import (
     SamplingParams,
     SchedulerConfig,
     SchedulerState,
+    Semantics,
     UnknownRequestError,
 )
 
@@ -132,7 +133,7 @@ def check_new_request(
     vocabulary, so the spec accepts any int.
 
     Check 5 is the profile's ``too_large`` (``never_fits``, or vllm-v1/max-model-len's
-    "prompt >= max_model_len").
+    "prompt >= max_model_len", vllm-v0/max-model-len's "prompt > max_model_len").
 
     post: not too_large(state.config, prompt_len, params.max_tokens)
     raises: EmptyPromptError, InvalidMaxTokensError, DuplicateRequestError, RequestTooLargeError
@@ -149,8 +150,10 @@ def check_new_request(
         config = state.config
         length = model_len(config)
         if length is not None:
+            relation = ">" if config.semantics is Semantics.VLLM_V0 else ">="
             raise RequestTooLargeError(
-                f"request {request_id!r}: prompt of {prompt_len} tokens >= max_model_len {length}"
+                f"request {request_id!r}: prompt of {prompt_len} tokens {relation} "
+                f"max_model_len {length}"
             )
         raise RequestTooLargeError(
             f"request {request_id!r} can never be scheduled: prompt {prompt_len} + "

@@ -13,6 +13,7 @@ from __future__ import annotations
 from spec.invariants import check_state  # noqa: F401  (used by the PEP 316 contracts)
 from spec.kv import cdiv
 from spec.profiles import (
+    admits_after_swap_in,
     prefill_first,
 )
 from spec.scheduler import TokenOracle, step
@@ -132,9 +133,23 @@ def drain_step_bound(state: SchedulerState) -> int:
     for ``n`` live requests. So with ``W`` requests waiting now the drain takes at most
     ``H + W + (n - 1) * H = n * H + W`` steps (loose; honest).
 
+    ``vllm-v0``: the head may be a victim (vllm-v0/append-touches-last-block: alone,
+    holding every block, a decode into its partly filled last block still wants a free
+    one, so it preempts itself), so heads do not follow one another. Another count
+    holds: chunked prefill is off under the profile, so every chunk samples a token (a
+    whole prefill, a decode, a swap-in's decode), and a request samples at most
+    ``M - o`` more. A step that schedules nothing has a lone head that preempted itself;
+    then ``running`` is empty and the next step schedules the head of ``swapped`` or
+    (nothing swapped) of ``waiting``, which fits the empty pool above the watermark
+    (the profile's config). So at most every other step is empty:
+    ``2 * sum(M - o)`` over the live requests.
+
     pre: check_state(state)
     post: __return__ >= 0
     """
+    if not admits_after_swap_in(state.config):  # vllm-v0
+        requests = (*state.waiting, *state.running, *state.swapped)
+        return 2 * sum(r.request.params.max_tokens - len(r.output_token_ids) for r in requests)
     bound = lifo_drain_bound(state)
     if prefill_first(state.config):
         live = len(state.waiting) + len(state.running) + len(state.swapped)

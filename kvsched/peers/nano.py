@@ -34,7 +34,7 @@ import importlib
 import importlib.util
 import sys
 import types
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -254,6 +254,18 @@ class NanoAdapter:
             sampled=[(self.ids[q.seq_id], t) for q, t in zip(seqs, tokens, strict=True)],
             finished=finished,
         )
+
+    def hot_step(self, token: int) -> Callable[[], None]:
+        """nano-vllm's own calls for one step, every sequence sampling ``token``:
+        ``schedule()`` and ``postprocess()`` (its prefix-cache hashing of full blocks
+        included), nothing of the adapter's (bench/scheduler_overhead.py)."""
+        scheduler = self.scheduler
+
+        def run() -> None:
+            seqs, _ = scheduler.schedule()
+            scheduler.postprocess(seqs, [token] * len(seqs))
+
+        return run
 
     def _state_of(self, q: Any, *, running: bool) -> RequestState:
         return RequestState(

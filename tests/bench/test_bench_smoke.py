@@ -58,3 +58,16 @@ def test_throughput_quick_run_against_transformers(capsys: pytest.CaptureFixture
     printed = capsys.readouterr().out
     assert "HF generate_batch" in printed
     assert "kvsched (batch-invariant)" in printed
+
+
+def test_scheduler_overhead_runs_past_255_requests(capsys: pytest.CaptureFixture[str]) -> None:
+    """At 256 running the first block of every prompt is still its own: nano-vllm's cache
+    never hits a whole prompt (its N12, which once ended this run), so every size the
+    script advertises runs. Two steps of one round, nano-vllm only: a smoke test."""
+    from bench import scheduler_overhead  # noqa: PLC0415
+
+    prompts = {tuple(scheduler_overhead.prompt(i)[:16]) for i in range(65_025)}
+    assert len(prompts) == 65_025
+    argv = ["--device", "cpu", "--sizes", "256", "--steps", "2", "--repeats", "1"]
+    assert scheduler_overhead.main([*argv, "--spec-steps", "1", "--peers", "nano-vllm"]) == 0
+    assert "| 256 " in capsys.readouterr().out

@@ -42,9 +42,10 @@ def nano_config(fields: dict[str, int]) -> SchedulerConfig:
 
 
 def on_pinned_version(bug: KnownBug) -> pytest.MarkDecorator:
+    """Expected to fail on the versions the bug was confirmed on (``KnownBug.covers``)."""
     return pytest.mark.xfail(
-        installed_version(bug) == bug.version,
-        reason=f"{bug.id} in {bug.distribution} {bug.version}: {bug.summary}",
+        bug.covers(installed_version(bug)),
+        reason=f"{bug.id} on {bug.versions}: {bug.summary}",
         raises=(AssertionError, PeerFailure),
         strict=True,
     )
@@ -135,8 +136,8 @@ def test_the_machines_recognise_the_bug(
 ) -> None:
     """On the pinned version the lockstep run diverges with the bug's signature."""
     require_peer("nano-vllm")
-    if installed_version(bug) != bug.version:
-        pytest.skip(f"{bug.id} is pinned to {bug.distribution} {bug.version}")
+    if not bug.covers(installed_version(bug)):
+        pytest.skip(f"{bug.id} was confirmed on {bug.versions}")
     report = run_workload(make_peer("nano-vllm", config), config, workload, ORACLE)
     assert report.divergence is not None
     assert classify("nano-vllm", report.divergence) is bug, report.divergence
@@ -246,8 +247,8 @@ def test_the_vllm_machines_recognise_v11() -> None:
     """The spec drops the undone chunk's keys (vllm-v1/undone-chunk-unkeyed): at step 3
     the pools differ by the key vLLM kept, which carries V11's signature."""
     require_peer("vllm")
-    if installed_version(V11) != V11.version:
-        pytest.skip(f"V11 is pinned to {V11.distribution} {V11.version}")
+    if not V11.covers(installed_version(V11)):
+        pytest.skip(f"V11 was confirmed on {V11.versions}")
     report = run_workload(make_peer("vllm", V11_CONFIG), V11_CONFIG, V11_WORKLOAD, V11_ORACLE)
     assert report.divergence is not None
     assert report.divergence.step == 3 and report.divergence.field.startswith(
@@ -258,8 +259,8 @@ def test_the_vllm_machines_recognise_v11() -> None:
 
 def test_conform_names_a_known_peer_bug(invoke: Invoke) -> None:
     require_peer("nano-vllm")
-    if installed_version(N5) != N5.version:
-        pytest.skip(f"N5 is pinned to {N5.distribution} {N5.version}")
+    if not N5.covers(installed_version(N5)):
+        pytest.skip(f"N5 was confirmed on {N5.versions}")
     repro = Path(__file__).parent / "repros" / "running_keeps_victim.jsonl"
     result = invoke(
         "conform", "--engine", "nano-vllm", str(repro), "--num-gpu-blocks", "2",
@@ -267,4 +268,6 @@ def test_conform_names_a_known_peer_bug(invoke: Invoke) -> None:
     )  # fmt: skip
     lines = result.out.splitlines()
     assert result.code == 1 and lines[0].startswith("conform: DIVERGED at step 1: state.running")
-    assert lines[1].startswith("  known peer bug N5 in nano-vllm-fork 20260210 (docs/peers.md): ")
+    assert lines[1].startswith(
+        "  known peer bug N5, confirmed on nano-vllm-fork 20260210 (docs/peers.md): "
+    )

@@ -30,7 +30,7 @@ NANO = Semantics.NANO_VLLM
         ({"semantics": NANO}, "no chunked prefill"),
         ({"semantics": NANO, "enable_chunked_prefill": False, "policy": "priority"}, "lifo"),
         ({"semantics": NANO, "enable_chunked_prefill": False, "max_model_len": 8}, "vllm-v1"),
-        ({"max_model_len": 8}, "vllm-v1 setting"),
+        ({"max_model_len": 8}, "vllm-v1 and vllm-v0 setting"),
         ({"semantics": "vllm-v2"}, "unknown semantics"),
     ],
 )  # fmt: skip
@@ -136,3 +136,102 @@ def test_nano_victim_is_the_next_request() -> None:
     # r0 needs a block: the next request r1 is the victim (lifo: r2); then r2, last,
     # needs one and preempts itself.
     assert [p.request_id for p in plan.preempted] == ["r1", "r2"]
+
+
+# --- vllm-v0 ----------------------------------------------------------------------------
+
+V0 = Semantics.VLLM_V0
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({}, "no chunked prefill"),
+        (
+            {"enable_chunked_prefill": False, "preemption_mode": PreemptionMode.RESTART},
+            "not restart",
+        ),
+        ({"enable_chunked_prefill": False, "enable_prefix_caching": True}, "no prefix caching"),
+        ({"enable_chunked_prefill": False, "policy": "priority"}, "lifo"),
+        (
+            {"enable_chunked_prefill": False, "max_num_batched_tokens": 4, "max_num_seqs": 8},
+            ">= max_num_seqs",
+        ),
+        ({"enable_chunked_prefill": False, "max_model_len": 65}, "above the watermark"),
+        ({"enable_chunked_prefill": False, "max_model_len": 0}, "positive integer"),
+    ],
+)  # fmt: skip
+def test_vllm_v0_constraints_are_config_errors(kwargs: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        SchedulerConfig(num_gpu_blocks=16, block_size=4, semantics=V0, **kwargs)  # type: ignore[arg-type]
+
+
+def v0_config(num_gpu_blocks: int, block_size: int, **kwargs: object) -> SchedulerConfig:
+    return SchedulerConfig(
+        num_gpu_blocks=num_gpu_blocks,
+        block_size=block_size,
+        enable_chunked_prefill=False,
+        semantics=V0,
+        **kwargs,  # type: ignore[arg-type]
+    )
+
+
+def test_vllm_v0_max_model_len_stays_above_the_watermark() -> None:
+    assert v0_config(16, 4).max_model_len == 64  # below 100 blocks: no watermark
+    assert v0_config(200, 1).max_model_len == 198  # 2 of 200 blocks kept free
+    assert v0_config(200, 1, max_num_batched_tokens=50, max_num_seqs=4).max_model_len == 50
+
+
+def test_vllm_v0_accepts_a_prompt_of_max_model_len_that_stops_at_its_first_output() -> None:
+    state = spec.init_state(v0_config(4, 2, max_model_len=6))
+    with pytest.raises(spec.RequestTooLargeError, match="> max_model_len 6"):
+        spec.add_request(state, "a", (1,) * 7, _params(1))
+    state = spec.add_request(state, "a", (1,) * 6, _params(100))
+    finished = [f for plan in spec.drain(state, lambda tokens: 7, 5)[1] for f in plan.finished]
+    assert [(f.finish_reason, len(f.output_token_ids)) for f in finished] == [
+        (spec.FinishReason.LENGTH, 1)
+    ]
+
+
+def test_vllm_v0_admits_first_unless_something_is_swapped() -> None:
+    """vllm-v0/prefill-first: r1 arrives while r0 decodes; the next step is r1's prefill
+    alone (kvsched decodes r0 and admits r1 in one step)."""
+    for semantics, scheduled in ((V0, ("r1",)), (Semantics.KVSCHED, ("r0", "r1"))):
+        config = SchedulerConfig(
+            num_gpu_blocks=8, block_size=4, enable_chunked_prefill=False, semantics=semantics
+        )
+        state = spec.add_request(spec.init_state(config), "r0", (1, 2, 3), _params(4))
+        state, _ = spec.step(state, lambda tokens: 7)
+        state = spec.add_request(state, "r1", (4, 5), _params(4))
+        assert spec.schedule(state)[1].scheduled_ids == scheduled
+
+
+def test_vllm_v0_decode_wants_a_free_block_though_its_token_fits() -> None:
+    """vllm-v0/append-touches-last-block: two requests in 2 blocks of 4, none free; at the
+    first decode r1 is preempted under V0's count, not under R5's."""
+    for semantics, victims in ((V0, 1), (Semantics.KVSCHED, 0)):
+        config = SchedulerConfig(
+            num_gpu_blocks=2, block_size=4, enable_chunked_prefill=False, semantics=semantics
+        )
+        state = spec.init_state(config)
+        for rid in ("r0", "r1"):
+            state = spec.add_request(state, rid, (1, 2), _params(3))
+        state, _ = spec.step(state, lambda tokens: 7)
+        assert len(spec.schedule(state)[1].preempted) == victims
+
+
+def test_vllm_v0_watermark_holds_back_what_would_fill_the_pool() -> None:
+    """vllm-v0/watermark: 100 blocks, 1 kept free: after r0's 60, r1's 40 would leave none."""
+    for semantics, admitted in ((V0, ("r0",)), (Semantics.KVSCHED, ("r0", "r1"))):
+        config = SchedulerConfig(
+            num_gpu_blocks=100,
+            block_size=1,
+            max_num_batched_tokens=100,
+            max_num_seqs=4,
+            enable_chunked_prefill=False,
+            semantics=semantics,
+        )
+        state = spec.init_state(config)
+        for rid, n in (("r0", 60), ("r1", 40)):
+            state = spec.add_request(state, rid, tuple(range(n)), _params(2))
+        assert spec.schedule(state)[1].scheduled_ids == admitted

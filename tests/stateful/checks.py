@@ -104,7 +104,8 @@ def outputs_match_solo(
     """A finished request's outputs are its solo outputs; an aborted one's a prefix."""
     length = model_len(config)
     if length is not None:  # vllm-v1/max-model-len: a solo run stops there too
-        solo = solo[: length - len(prompt)]
+        # (vllm-v0's prompt of max_model_len tokens at its first output)
+        solo = solo[: max(length - len(prompt), 1)]
     outputs = finished.output_token_ids
     if finished.finish_reason is FinishReason.ABORTED:
         ok = outputs == solo[: len(outputs)]

@@ -94,6 +94,12 @@ UNDONE_VICTIM_EVENT: Final = (
     "vllm-v1/priority-victim-any-running: a scheduled victim's chunk undone"
 )
 
+#: vllm-v0/watermark needs a pool of 100 blocks or more (1% of it is the watermark) whose
+#: free blocks are exactly what the waiting or swapped head needs: a few examples in the
+#: scheduler subject's ci run, fewer than one in the engine's (the same
+#: impl.Scheduler code), so only the scheduler subject requires it.
+WATERMARK_EVENT: Final = "vllm-v0/watermark: the watermark held back an admission or a swap-in"
+
 #: Paths our machines (the toy scheduler's and the engine's subjects) must reach in a
 #: ``ci`` (and ``nightly``) run.
 REQUIRED_EVENTS: Final = frozenset(
@@ -107,6 +113,10 @@ REQUIRED_EVENTS: Final = frozenset(
         "nano-vllm/decode-unbudgeted: a decode step over the token budget",
         "nano-vllm/victim-next: a victim lifo would not have chosen",
         "nano-vllm/seq-limit-per-step: more than max_num_seqs running",
+        "vllm-v0/max-model-len: length at max_model_len",
+        "vllm-v0/prefill-first: a prefill-only step with requests running",
+        "vllm-v0/prefill-first: no admission after every swapped request came back",
+        "vllm-v0/append-touches-last-block: a preemption R5 would not have made",
         *(f"config: mode={mode}" for mode in PreemptionMode),
         *(f"config: block_size={bs}" for bs in BLOCK_SIZES),
         "config: chunked prefill on",

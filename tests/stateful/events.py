@@ -7,6 +7,7 @@ system under test reports: ``before`` the step, ``mid`` (after its decisions,
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 
 import spec
 from spec.kv import cdiv, chunk_for_prefill
@@ -20,7 +21,9 @@ from spec.types import (
     SchedulerState,
     Semantics,
     StepPlan,
+    watermark_blocks,
 )
+from tests.stateful.coverage import WATERMARK_EVENT
 from tests.stateful.nano_cache import nano_cache_events
 
 
@@ -32,6 +35,40 @@ def abort_label(queue: str, request: RequestState) -> str:
     if queue == "waiting" and request.num_preemptions > 0:
         return "abort: waiting after a preemption"
     return f"abort: {queue}"
+
+
+def preempts_only_by_v0s_count(before: SchedulerState, plan: StepPlan) -> bool:
+    """Whether phase A preempted under vllm-v0/append-touches-last-block where R5's own
+    count (the blocks a chunk takes) would not have: the same state under kvsched."""
+    if not plan.preempted:
+        return False
+    config = replace(before.config, semantics=Semantics.KVSCHED, max_model_len=None)
+    draft = StepDraft(state=replace(before, config=config), budget=config.max_num_batched_tokens)
+    return not schedule_running(draft).preempted
+
+
+def watermark_refused(before: SchedulerState, mid: SchedulerState, plan: StepPlan) -> bool:
+    """Whether vllm-v0/watermark held back the head phase B or C stopped at: its blocks
+    were free, but not with the watermark's left over (seats and budget permitting)."""
+    config = before.config
+    watermark = watermark_blocks(config.num_gpu_blocks)
+    if not watermark or plan.preempted:
+        return False
+    bs = config.block_size
+    admitted = any(r.request_id in plan.scheduled_ids for r in before.waiting)
+    if before.swapped:  # phase B ran last, on mid's pool
+        head, state = (mid.swapped[0], mid) if mid.swapped else (None, mid)
+    elif admitted:  # a prefill step: phase C ran alone, mid is what it left
+        head, state = (mid.waiting[0], mid) if mid.waiting else (None, mid)
+    else:  # phase C ran first, on the whole pool, and admitted nobody
+        head, state = (before.waiting[0], before) if before.waiting else (None, before)
+    if head is None or len(state.running) >= config.max_num_seqs:
+        return False
+    used = sum(plan.num_scheduled_tokens) if state is mid else 0
+    n = head.num_tokens - head.num_computed_tokens
+    need = cdiv(head.num_computed_tokens + n, bs)
+    free = state.num_free_gpu_blocks
+    return n <= config.max_num_batched_tokens - used and need <= free < need + watermark
 
 
 def victim_chunk_undone(before: SchedulerState) -> bool:
@@ -108,7 +145,7 @@ def profile_events(before: SchedulerState, mid: SchedulerState, plan: StepPlan) 
     if config.semantics is Semantics.KVSCHED:
         return
     admitted = [r.request_id for r in before.waiting if r.request_id in plan.scheduled_ids]
-    if config.semantics is Semantics.VLLM_V1:
+    if config.semantics in (Semantics.VLLM_V1, Semantics.VLLM_V0):
         for finished in plan.finished:
             outputs = len(finished.output_token_ids)
             request = next(r for r in mid.running if r.request_id == finished.request_id)
@@ -116,7 +153,23 @@ def profile_events(before: SchedulerState, mid: SchedulerState, plan: StepPlan) 
                 finished.finish_reason is FinishReason.LENGTH
                 and outputs < request.request.params.max_tokens
             ):
-                yield "vllm-v1/max-model-len: length at max_model_len"
+                yield f"{config.semantics}/max-model-len: length at max_model_len"
+    if config.semantics is Semantics.VLLM_V0:
+        if admitted and before.running:
+            yield "vllm-v0/prefill-first: a prefill-only step with requests running"
+        if (
+            before.swapped
+            and before.waiting
+            and len(plan.swapped_in) == len(before.swapped)
+            and len(mid.running) < config.max_num_seqs
+        ):
+            yield "vllm-v0/prefill-first: no admission after every swapped request came back"
+        if watermark_refused(before, mid, plan):
+            yield WATERMARK_EVENT
+        if preempts_only_by_v0s_count(before, plan):
+            yield "vllm-v0/append-touches-last-block: a preemption R5 would not have made"
+        return
+    if config.semantics is Semantics.VLLM_V1:
         if plan.preempted and victim_chunk_undone(before):
             yield "vllm-v1/priority-victim-any-running: a scheduled victim's chunk undone"
         held_back = full_sequence_gate_refused(mid, plan)

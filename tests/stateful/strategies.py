@@ -11,13 +11,20 @@ from hypothesis import strategies as st
 
 import spec
 from spec.profiles import model_len
-from spec.types import PreemptionMode, SchedulerConfig, Semantics
+from spec.types import PreemptionMode, SchedulerConfig, Semantics, watermark_blocks
 
 BLOCK_SIZES: Final = (1, 2, 4, 16)
 POLICY_NAMES: Final = tuple(sorted(spec.POLICIES))
-#: kvsched twice: the profiles share the example budget, and kvsched has the most paths
-#: (every mode and policy); each peer profile gets a quarter of the examples.
-SEMANTICS: Final = (Semantics.KVSCHED, Semantics.VLLM_V1, Semantics.KVSCHED, Semantics.NANO_VLLM)
+#: kvsched three times: the profiles share the example budget, and kvsched has the most
+#: paths (every mode and policy); each peer profile gets a sixth of the examples.
+SEMANTICS: Final = (
+    Semantics.KVSCHED,
+    Semantics.VLLM_V1,
+    Semantics.KVSCHED,
+    Semantics.NANO_VLLM,
+    Semantics.KVSCHED,
+    Semantics.VLLM_V0,
+)
 
 
 def printable_config(**fields: object) -> st.SearchStrategy[SchedulerConfig]:
@@ -101,13 +108,15 @@ def profile_configs(
     """A config a peer profile accepts (its constraints: ``SchedulerConfig.__post_init__``),
     with ``enable_prefix_caching`` set to ``prefix_caching``.
 
-    Both: recompute only, no CPU pool. vllm-v1: ``lifo`` or ``priority``,
+    vllm-v1, nano-vllm: recompute only, no CPU pool. vllm-v1: ``lifo`` or ``priority``,
     ``max_num_batched_tokens >= max_num_seqs``, ``max_model_len`` drawn or the default
     (the whole cache; with chunked prefill off at most the budget). nano-vllm: ``lifo``,
     chunked prefill off, block size >= 2; with ``prefix_caching`` (nano-vllm only) half
     the budgets are the whole pool, so that prompts longer than a block, which may hit,
-    fit (without chunked prefill a prompt must fit the budget).
+    fit (without chunked prefill a prompt must fit the budget). vllm-v0: ``vllm_v0_configs``.
     """
+    if semantics is Semantics.VLLM_V0:
+        return draw(vllm_v0_configs())
     nano = semantics is Semantics.NANO_VLLM
     block_size = draw(st.sampled_from(BLOCK_SIZES[1:] if nano else BLOCK_SIZES))
     num_gpu_blocks = max(2, draw(st.integers(8, 64)) // block_size)
@@ -144,6 +153,49 @@ def profile_configs(
             policy=policy,
             enable_prefix_caching=prefix_caching,
             semantics=semantics,
+            max_model_len=max_model_len,
+        )
+    )
+
+
+@st.composite
+def vllm_v0_configs(draw: st.DrawFn) -> SchedulerConfig:
+    """A config the vllm-v0 profile accepts: ``lifo``, chunked prefill off, no caching,
+    ``max_num_batched_tokens >= max_num_seqs``; recompute or (half the time) swap with a
+    CPU pool from none to twice the GPU pool; ``max_model_len`` drawn or the default.
+
+    Half the pools have 100-120 blocks of 1-2 tokens, where vllm-v0/watermark
+    keeps one block free (``int(0.01 * num_gpu_blocks)``, 0 below 100 blocks); their
+    budgets are the whole pool, so that requests of the pool's size fit unchunked.
+    """
+    if draw(st.booleans()):
+        block_size = draw(st.sampled_from((1, 2)))
+        num_gpu_blocks = draw(st.integers(100, 120))
+        max_num_batched_tokens = num_gpu_blocks * block_size
+    else:
+        block_size = draw(st.sampled_from(BLOCK_SIZES))
+        num_gpu_blocks = max(2, draw(st.integers(8, 64)) // block_size)
+        max_num_batched_tokens = -1
+    max_num_seqs = draw(st.sampled_from((2, 3, 4, 6, 8, 1)))
+    if max_num_batched_tokens < 0:
+        max_num_batched_tokens = draw(st.integers(max_num_seqs, 64))
+    mode = draw(st.sampled_from((PreemptionMode.RECOMPUTE, PreemptionMode.SWAP)))
+    num_cpu_blocks = draw(st.integers(0, 2 * num_gpu_blocks)) if mode is PreemptionMode.SWAP else 0
+    top = min(
+        (num_gpu_blocks - watermark_blocks(num_gpu_blocks)) * block_size,
+        max_num_batched_tokens,
+    )
+    max_model_len = draw(st.none() | st.integers(1, top))
+    return draw(
+        printable_config(
+            num_gpu_blocks=num_gpu_blocks,
+            block_size=block_size,
+            max_num_batched_tokens=max_num_batched_tokens,
+            max_num_seqs=max_num_seqs,
+            enable_chunked_prefill=False,
+            preemption_mode=mode,
+            num_cpu_blocks=num_cpu_blocks,
+            semantics=Semantics.VLLM_V0,
             max_model_len=max_model_len,
         )
     )
@@ -207,9 +259,9 @@ def r4_caps(config: SchedulerConfig) -> tuple[int | None, int | None]:
     ``prompt + max_tokens - 1``, each None where R4 sets no bound of its own."""
     length = model_len(config)
     if length is not None:
-        # vllm-v1/max-model-len: the prompt must be shorter; max_tokens is not capped,
-        # so requests also stop at max_model_len.
-        return length - 1, None
+        # vllm-v1/max-model-len: the prompt must be shorter (vllm-v0's: not longer);
+        # max_tokens is not capped, so requests also stop at max_model_len.
+        return length - (config.semantics is not Semantics.VLLM_V0), None
     pool = config.num_gpu_blocks * config.block_size
     if config.enable_chunked_prefill:
         return None, pool

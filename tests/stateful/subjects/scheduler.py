@@ -20,7 +20,7 @@ from impl.scheduler_output import SchedulerOutput
 from kvsched.peers.lockstep import Lockstep
 from kvsched.peers.ours import SchedulerAdapter
 from spec.types import SchedulerConfig
-from tests.stateful.coverage import PREFIX_REQUIRED_EVENTS, REQUIRED_EVENTS
+from tests.stateful.coverage import PREFIX_REQUIRED_EVENTS, REQUIRED_EVENTS, WATERMARK_EVENT
 from tests.stateful.sizes import Size, Sizes
 from tests.stateful.strategies import engine_configs
 from tests.stateful.subject import Note, Side, Subject
@@ -81,7 +81,7 @@ SCHEDULER = ToyScheduler(
         nightly=Size(20_000, 100, targeting=True),
         mutation=Size(1_000, 40),
     ),
-    required=REQUIRED_EVENTS | {UNDONE_VICTIM_EVENT},
+    required=REQUIRED_EVENTS | {UNDONE_VICTIM_EVENT, WATERMARK_EVENT},
     vocab=VOCAB,
 )
 
