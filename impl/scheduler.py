@@ -38,7 +38,7 @@ from collections.abc import Callable
 from collections.abc import Sequence as SequenceABC
 from dataclasses import replace
 
-from impl import phases
+from impl import offload_step, phases
 from impl.block_manager import BlockManager, cdiv
 from impl.invariants import check_invariants
 from impl.plan import make_plan
@@ -107,6 +107,11 @@ class Scheduler:
         self.victim_any_running = semantics is Semantics.VLLM_V1 and config.policy == "priority"
         #: nano-vllm/admission-tests-len-seq
         self.whole_sequence_gate = semantics is Semantics.NANO_VLLM
+        #: transformers/offload-starved and the rest of the transformers rules: the step
+        #: is impl/offload_step.py's
+        self.offloads_starved = semantics is Semantics.TRANSFORMERS
+        #: transformers/admission-frozen: no waiting request is a candidate
+        self.admission_frozen = False
         self.policy: Policy = make_policy(config.policy)
         self.policy.bind(config)
         # The policy's on_run/on_leave hooks are called only if it tracks running.
@@ -270,6 +275,15 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         """Phases A-C of one step (R5-R8); on any error the partial work is undone."""
         out = SchedulerOutput(self.num_steps, self.num_cached_tokens)
+        if self.offloads_starved:
+            out.snapshot = offload_step.Snapshot(self)
+            try:
+                offload_step.schedule_offloading(self, out)
+            except BaseException:
+                self.rollback(out)
+                raise
+            out.num_batched_tokens = sum(out.num_scheduled)
+            return out
         if self.prefix_cache is not None:
             self.prefix_cache.begin()
         budget = self.config.max_num_batched_tokens
@@ -311,10 +325,16 @@ class Scheduler:
         finished = phases.commit(self, out, sampled_token_ids)
         if self.prefix_cache is not None:
             self.prefix_cache.end()
+        if finished:  # transformers/admission-frozen: a finished request unfreezes it
+            self.admission_frozen = False
         return finished
 
     def rollback(self, out: SchedulerOutput) -> None:
         """Undo ``schedule()`` exactly (``impl/rollback.py``); only before ``commit``."""
+        if out.snapshot is not None:  # transformers/offload-starved: the whole state back
+            out.snapshot.restore(self)
+            out.clear()
+            return
         rollback(self, out)
 
     # --- the step as a whole ------------------------------------------------------------
@@ -362,6 +382,7 @@ class Scheduler:
             else PrefixCacheState(
                 free_queue=tuple(cache.free_queue()), cached=tuple(cache.cached())
             ),
+            admission_frozen=self.admission_frozen,
         )
 
     def check_invariants(self) -> None:

@@ -52,6 +52,7 @@ from spec.oracle import HashOracle
 from spec.types import (
     ConfigError,
     InvalidRequestError,
+    PreemptionMode,
     SamplingParams,
     SchedulerConfig,
     Semantics,
@@ -105,7 +106,10 @@ def draw(
     shared_prefix: bool = False,
 ) -> tuple[SchedulerConfig, list[WorkloadRequest]]:
     nano = peer == "nano-vllm" or semantics is Semantics.NANO_VLLM
-    block_size = rng.choice([2, 3, 4, 8, 16] if nano else [1, 2, 3, 4, 8, 16])
+    tf = peer == "transformers" or semantics is Semantics.TRANSFORMERS
+    block_size = rng.choice(
+        [4, 5, 8, 16] if tf else [2, 3, 4, 8, 16] if nano else [1, 2, 3, 4, 8, 16]
+    )
     max_prompt, max_tokens = rng.randint(1, 24), rng.randint(1, 16)
     max_num_seqs = rng.randint(1, 6)
     budget = rng.randint(max_num_seqs, 48)
@@ -144,12 +148,19 @@ def draw(
         blocks, chunked = max(blocks, need), True
         if nano:  # no chunked prefill: a recompute re-prefills P + M - 1 in one step (R4)
             budget = max(budget, *(len(r.prompt) + r.params.max_tokens - 1 for r in workload))
+    mode, num_cpu_blocks = PreemptionMode.RECOMPUTE, 0
+    if tf:  # always chunked; CPU offload (swap) half the time, into a pool of 0-2x the GPU's
+        chunked = True
+        if rng.random() < 0.5:
+            mode, num_cpu_blocks = PreemptionMode.SWAP, rng.randint(0, 2 * blocks)
     config = SchedulerConfig(
         num_gpu_blocks=blocks,
         block_size=block_size,
         max_num_batched_tokens=budget,
         max_num_seqs=max_num_seqs,
         enable_chunked_prefill=chunked and chunking and semantics is not Semantics.NANO_VLLM,
+        preemption_mode=mode,
+        num_cpu_blocks=num_cpu_blocks,
         policy=policy,
         semantics=semantics,
         enable_prefix_caching=shared_prefix,
@@ -257,6 +268,11 @@ def command(peer: str, path: Path, c: SchedulerConfig) -> str:
         + ("" if c.enable_chunked_prefill else " --no-enable-chunked-prefill")
         + f" --semantics {c.semantics}"
         + (" --enable-prefix-caching" if c.enable_prefix_caching else " --no-enable-prefix-caching")
+        + (
+            f" --preemption-mode swap --num-cpu-blocks {c.num_cpu_blocks}"
+            if c.preemption_mode is PreemptionMode.SWAP
+            else ""
+        )
         + f" --oracle-vocab {ORACLE_VOCAB}"
     )
 
@@ -264,7 +280,9 @@ def command(peer: str, path: Path, c: SchedulerConfig) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "peer", choices=["vllm", "nano-vllm", "kvsched"], help="kvsched: our impl.Scheduler"
+        "peer",
+        choices=["vllm", "nano-vllm", "transformers", "kvsched"],
+        help="kvsched: our impl.Scheduler",
     )
     parser.add_argument(
         "--semantics",

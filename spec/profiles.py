@@ -12,7 +12,8 @@ Config-time constraints of the profiles are ``SchedulerConfig.__post_init__``'s.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from fractions import Fraction
 
 from spec.kv import cdiv, never_fits
 from spec.prefix_cache import block_key, give_keys, num_full_blocks, release
@@ -201,11 +202,12 @@ def decode_unbudgeted(config: SchedulerConfig) -> bool:
 
 
 def running_capped(config: SchedulerConfig) -> bool:
-    """Whether ``running`` never holds more than ``max_num_seqs`` (R8), i.e. not nano-vllm.
+    """Whether ``running`` never holds more than ``max_num_seqs`` (R8): not under
+    nano-vllm/seq-limit-per-step nor transformers/seq-limit-per-step.
 
-    post: __return__ == (config.semantics is not Semantics.NANO_VLLM)
+    post: __return__ == (config.semantics not in (Semantics.NANO_VLLM, Semantics.TRANSFORMERS))
     """
-    return config.semantics is not Semantics.NANO_VLLM
+    return config.semantics not in (Semantics.NANO_VLLM, Semantics.TRANSFORMERS)
 
 
 def next_victim(num_candidates: int) -> int:
@@ -388,3 +390,146 @@ def nano_pool_violations(cache: PrefixCacheState) -> list[str]:
     if keyed_free:
         found.append(f"nano-vllm/drop-key-on-free: free blocks {keyed_free} have keys")
     return found
+
+
+# --- transformers rules (T1-T9) ------------------------------------------------------------
+#
+# transformers' continuous batching (``ContinuousBatchProcessor`` with its ``fifo``
+# ``FIFOScheduler``; paths in transformers 5.19.0's
+# ``transformers/generation/continuous_batching/``) schedules first and preempts after:
+# ``schedule_batch`` walks its candidates, skipping what does not fit and recording the
+# running requests it starved, and ``prepare_next_batch`` then offloads starved requests
+# (``continuous_api.py:498-523``). The step is ``spec.offload.schedule_offloading``; the
+# rules it asks are here.
+
+#: transformers/safety-margin (T3): ``FIFOScheduler``'s default ``safety_margin`` 0.15
+#: (``scheduler.py:311-315``), as the exact fraction the float comparison decides.
+SAFETY_MARGIN = Fraction(3, 20)
+
+
+def offloads_starved(config: SchedulerConfig) -> bool:
+    """Whether a step is **transformers/offload-starved**'s (T5): phases A-C replaced by
+    ``spec.offload.schedule_offloading`` (schedule the candidates, then offload the
+    starved).
+
+    post: __return__ == (config.semantics is Semantics.TRANSFORMERS)
+    """
+    return config.semantics is Semantics.TRANSFORMERS
+
+
+def tracks_decoding(config: SchedulerConfig) -> bool:
+    """Whether ``RequestState.decoding`` is kept (transformers/decode-first reads it).
+
+    post: __return__ == offloads_starved(config)
+    """
+    return offloads_starved(config)
+
+
+def decode_first(running: Sequence[RequestState]) -> tuple[RequestState, ...]:
+    """**transformers/decode-first** (T1): the running candidates, decoding ones first.
+
+    ``FIFOScheduler.schedule_batch`` takes the active requests whose status is DECODING,
+    then those still PREFILLING (a chunked prefill), each group in admission order
+    (``scheduler.py:320-327``), and the waiting ones after them (``:330-333``). kvsched
+    serves ``running`` in admission order (R5).
+
+    post: sorted(r.request_id for r in __return__) == sorted(r.request_id for r in running)
+    post: [r.decoding for r in __return__] == sorted((r.decoding for r in running), reverse=True)
+    """
+    return (*(r for r in running if r.decoding), *(r for r in running if not r.decoding))
+
+
+def interleave_offloaded(
+    swapped: Sequence[RequestState], waiting: Sequence[RequestState]
+) -> tuple[RequestState, ...]:
+    """**transformers/offloaded-interleaved** (T8): the waiting candidates.
+
+    transformers keeps one waiting queue; ``_get_waiting_candidates`` takes its
+    CPU-offloaded requests (the spec's ``swapped``) and the others (fresh or soft reset,
+    the spec's ``waiting``), each in queue order, and alternates them, offloaded first
+    (``scheduler.py:282-297``). kvsched serves ``swapped`` before ``waiting`` (R7, R8).
+
+    post: len(__return__) == len(swapped) + len(waiting)
+    post: [r for r in __return__ if r in swapped] == list(swapped) or len(set(map(id, swapped))) != len(swapped)
+    """  # noqa: E501
+    ordered: list[RequestState] = []
+    for k in range(max(len(swapped), len(waiting))):
+        ordered.extend(swapped[k : k + 1])
+        ordered.extend(waiting[k : k + 1])
+    return tuple(ordered)
+
+
+def in_safety_margin(config: SchedulerConfig, free: int) -> bool:
+    """**transformers/safety-margin** (T3): whether the step may admit more than one prefill.
+
+    ``_try_to_meet_safety_margin`` (``scheduler.py:179-194``), once at the start of the
+    walk: the free fraction of the cache is at least ``SAFETY_MARGIN``
+    (``compute_free_capacity``, ``cache.py:458-463``; with one block per sector, the
+    free blocks over all blocks). Outside it, once a candidate is scheduled the walk stops
+    at the first one that is not decoding (``scheduler.py:219-222``). kvsched has no
+    margin.
+
+    pre: free >= 0
+    post: __return__ == (free >= SAFETY_MARGIN * config.num_gpu_blocks)
+    """
+    return free >= SAFETY_MARGIN * config.num_gpu_blocks
+
+
+def num_storable(needs: Sequence[int], free: int) -> int:
+    """T5: how many of the starved requests, in order, get their blocks one by one.
+
+    ``count_storable_requests`` (``cache.py:275-293``): each takes ``needs[k]`` new
+    blocks from what the ones before it left; the count stops at the first that does
+    not fit.
+
+    pre: free >= 0 and all(n >= 0 for n in needs)
+    post: 0 <= __return__ <= len(needs)
+    post: sum(needs[:__return__]) <= free
+    post: __return__ == len(needs) or sum(needs[: __return__ + 1]) > free
+    """
+    left = free
+    for k, need in enumerate(needs):
+        if need > left:
+            return k
+        left -= need
+    return len(needs)
+
+
+def num_offloaded(needs: Sequence[int], held: Sequence[int], free: int, num_active: int) -> int:
+    """**transformers/offload-starved** (T5): how many starved requests are offloaded.
+
+    The starved are the running requests whose chunk did not fit, in candidate order,
+    ``needs[k]`` the new blocks each lacked and ``held[k]`` the blocks it holds;
+    ``num_active`` counts every running request (this step's admissions included). The
+    newest starved (the last in candidate order) goes first, its blocks freed, until the
+    remaining starved all fit together (``num_storable``) or one running request is left
+    (``offload_requests``, ``offloading_manager.py:179-199``: ``starved.pop()``, ``while
+    starved and num_active - len(offloaded) > 1``). So the victims are the last
+    ``__return__`` starved. kvsched preempts inside phase A, the last candidate first.
+
+    pre: len(needs) == len(held) and free >= 0 and num_active >= len(needs)
+    pre: all(n >= 0 for n in needs) and all(h >= 0 for h in held)
+    post: 0 <= __return__ <= len(needs)
+    post: __return__ == 0 or num_active - __return__ >= 1
+    """
+    count = 0
+    while count < len(needs) and num_active - count > 1:
+        kept = len(needs) - count
+        if num_storable(needs[:kept], free) == kept:
+            break
+        free += held[kept - 1]
+        count += 1
+    return count
+
+
+def admission_frozen_after(frozen: bool, offloaded: bool, finished: bool) -> bool:
+    """**transformers/admission-frozen** (T9): whether waiting requests are candidates.
+
+    An offload sets ``block_new_requests`` (``offloading_manager.py:236``) and, while it
+    is set, ``schedule_batch`` takes no waiting request (``scheduler.py:330-331``); only a
+    request finishing clears it (``continuous_api.py:567-569``). kvsched's R8 admits in
+    every step that did not preempt.
+
+    post: __return__ == ((frozen or offloaded) and not finished)
+    """
+    return (frozen or offloaded) and not finished

@@ -43,15 +43,18 @@ from spec.prefix_cache import (
     touch,
 )
 from spec.profiles import (
+    admission_frozen_after,
     decode_unbudgeted,
     full_sequence_fits,
     key_blocks,
     length_capped,
     next_victim,
+    offloads_starved,
     prefill_first,
     release_blocks,
     running_capped,
     step_token_limit,  # noqa: F401  (used by the PEP 316 contracts)
+    tracks_decoding,
     unkey_undone_chunk,
     victim_among_all_running,
     whole_sequence_admissible,
@@ -652,6 +655,8 @@ def schedule(state: SchedulerState) -> tuple[SchedulerState, StepPlan]:
 
     Under nano-vllm/prefill-first phase C runs first, with the whole budget; if it
     admitted anyone the step is that prefill alone, else phase A runs (a decode step).
+    Under transformers/offload-starved the three phases are one walk followed by
+    offloads (``spec.offload.schedule_offloading``).
 
     The returned state is an **intermediate value**, not a state between steps: the
     blocks of every scheduled chunk are already taken and the queues are as decided,
@@ -661,8 +666,13 @@ def schedule(state: SchedulerState) -> tuple[SchedulerState, StepPlan]:
     only to ``sampling_request_ids`` and ``complete_step``.
 
     pre: check_state(state)
-    post: (plan_tokens(__return__[1]) <= step_token_limit(state.config) and __return__[1].step == state.num_steps and __return__[1].sampled == () and __return__[1].finished == () and (not __return__[1].preempted or __return__[1].swapped_in == ())) and (kv_conserved_mid_step(__return__[0], __return__[1].scheduled) and live_ids_sorted(__return__[0]) == live_ids_sorted(state))
+    post: (plan_tokens(__return__[1]) <= step_token_limit(state.config) and __return__[1].step == state.num_steps and __return__[1].sampled == () and __return__[1].finished == () and (not __return__[1].preempted or __return__[1].swapped_in == () or offloads_starved(state.config))) and (kv_conserved_mid_step(__return__[0], __return__[1].scheduled) and live_ids_sorted(__return__[0]) == live_ids_sorted(state))
     """  # noqa: E501
+    if offloads_starved(state.config):
+        # Imported here: spec.offload builds on this module's release_victim.
+        from spec.offload import schedule_offloading  # noqa: PLC0415
+
+        return schedule_offloading(state)
     draft = StepDraft(state=state, budget=state.config.max_num_batched_tokens)
     if prefill_first(state.config):
         admitted = admit_waiting(draft)
@@ -768,7 +778,9 @@ def complete_step(
     (reason ``stop``, the token is kept), then ``max_tokens`` outputs (``length``). A
     finished request leaves ``running``, its ``cdiv(computed, bs)`` GPU blocks are
     freed, and it is appended to the plan's ``finished`` (R3). ``num_steps`` goes up by
-    one, even for an empty step.
+    one, even for an empty step. Under transformers/decode-first a request that sampled
+    is decoding; under transformers/admission-frozen a finished request unfreezes
+    admission.
 
     pre: plan_matches(state_mid, plan)
     post: (__return__[0].num_free_gpu_blocks + blocks_in_use(__return__[0])[0] == state_mid.num_free_gpu_blocks + blocks_in_use(state_mid, plan.scheduled)[0] and __return__[0].num_free_gpu_blocks >= state_mid.num_free_gpu_blocks and (__return__[0].num_free_cpu_blocks, __return__[0].swapped, __return__[0].waiting) == (state_mid.num_free_cpu_blocks, state_mid.swapped, state_mid.waiting)) and (outputs_extended(state_mid, tokens, __return__[0], __return__[1].finished) and len(__return__[1].sampled) == len(tokens)) and (all(len(r.output_token_ids) < r.request.params.max_tokens and not eos_sampled(r) for r in __return__[0].running) and __return__[0].num_steps == state_mid.num_steps + 1)
@@ -809,6 +821,7 @@ def complete_step(
                 num_computed_tokens=computed,
                 num_preemptions=request.num_preemptions,
                 block_ids=request.block_ids,
+                decoding=tracks_decoding(state_mid.config),
             )
         else:
             updated[request_id] = None
@@ -841,6 +854,7 @@ def complete_step(
         num_free_gpu_blocks=state_mid.num_free_gpu_blocks + freed,
         num_steps=state_mid.num_steps + 1,
         prefix_cache=cache,
+        admission_frozen=admission_frozen_after(state_mid.admission_frozen, False, bool(finished)),
     )
     return new_state, replace(
         plan,

@@ -29,14 +29,16 @@ class PreemptionMode(enum.StrEnum):
 class Semantics(enum.StrEnum):
     """A named bundle of scheduling rules (docs/semantics.md, "Semantics profiles").
 
-    ``kvsched`` is R1-R11 as written; ``vllm-v1`` and ``nano-vllm`` replace some of
-    them with the named rules that make the spec decide exactly as vLLM V1's and
-    nano-vllm's real schedulers do (docs/peers.md lists the differences they model).
+    ``kvsched`` is R1-R11 as written; ``vllm-v1``, ``nano-vllm`` and ``transformers``
+    replace some of them with the named rules that make the spec decide exactly as
+    vLLM V1's, nano-vllm's and transformers' continuous batching's real schedulers do
+    (docs/peers.md lists the differences they model).
     """
 
     KVSCHED = "kvsched"
     VLLM_V1 = "vllm-v1"
     NANO_VLLM = "nano-vllm"
+    TRANSFORMERS = "transformers"
 
 
 class FinishReason(enum.StrEnum):
@@ -174,6 +176,8 @@ class SchedulerConfig:
                 )
             if self.semantics is Semantics.NANO_VLLM:
                 self._check_nano_vllm()
+            if self.semantics is Semantics.TRANSFORMERS:
+                self._check_transformers()
 
     def _check_vllm_v1(self) -> None:
         """vLLM V1's config-time constraints (paths in vLLM 0.32.0's ``vllm/``)."""
@@ -232,6 +236,29 @@ class SchedulerConfig:
             # never true for 1, so a decode would never get its new block.
             raise ConfigError(f"{prefix}: block_size must be >= 2, got {self.block_size}")
 
+    def _check_transformers(self) -> None:
+        """transformers' continuous batching's constraints (paths in transformers 5.19.0's
+        ``transformers/generation/continuous_batching/``)."""
+        prefix = "semantics transformers"
+        if not self.enable_chunked_prefill:
+            # scheduler.py:170-177: a prompt longer than the budget left is always split.
+            raise ConfigError(f"{prefix}: prefills are always chunked (enable_chunked_prefill)")
+        if self.preemption_mode is PreemptionMode.RESTART:
+            # offloading_manager.py:230-231, requests.py:329-352: a soft reset keeps the
+            # outputs (folded into the prompt); nothing drops them.
+            raise ConfigError(f"{prefix}: preemption by recompute (soft reset) or swap only")
+        if self.policy != "lifo":
+            # scheduler.py:306-351: one order (decode-first, FIFO); no other policy.
+            raise ConfigError(f"{prefix}: policy lifo only (its order is decode-first FIFO)")
+        if self.enable_prefix_caching:
+            # cache.py:335-369, cache_allocators/cache_allocator.py:300-322: block sharing
+            # de-duplicates a block when the forward that completes it has run, and evicts
+            # every cached block at once under pressure; the profile does not model it.
+            raise ConfigError(f"{prefix}: block sharing (prefix caching) is not modelled")
+        if self.block_size < 4:
+            # initialization.py:38-40, :310-313: page_size must be at least 4.
+            raise ConfigError(f"{prefix}: block_size (page_size) must be >= 4")
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SamplingParams:
@@ -277,6 +304,10 @@ class RequestState:
     # With prefix caching on, a running request's GPU block ids in table order (PC1);
     # always empty otherwise, when blocks are only counted.
     block_ids: tuple[int, ...] = ()
+    #: transformers/decode-first: a running request whose (re)prefill is complete and
+    #: that sampled since (transformers' DECODING status). Tracked only under the
+    #: profiles whose rules read it (``spec.profiles.tracks_decoding``); False elsewhere.
+    decoding: bool = False
 
     @property
     def request_id(self) -> str:
@@ -307,6 +338,9 @@ class SchedulerState:
     next_arrival: int = 0
     num_steps: int = 0
     prefix_cache: PrefixCacheState | None = None
+    #: transformers/admission-frozen: an offload happened and no request has finished
+    #: since, so no waiting request is a candidate. Always False under other profiles.
+    admission_frozen: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -20,12 +20,13 @@ from kvsched.peers.protocol import (
 )
 from spec.types import SamplingParams, SchedulerConfig, Semantics
 
-PEERS = ("vllm", "nano-vllm")
+PEERS = ("vllm", "nano-vllm", "transformers")
 #: The spec profile each ``--engine`` is held to unless ``--semantics`` says otherwise.
 PROFILES = {
     "kvsched": Semantics.KVSCHED,
     "vllm": Semantics.VLLM_V1,
     "nano-vllm": Semantics.NANO_VLLM,
+    "transformers": Semantics.TRANSFORMERS,
 }
 
 
@@ -51,6 +52,10 @@ def make_peer(
         from kvsched.peers.nano import NanoAdapter  # noqa: PLC0415  (lazy: see above)
 
         return NanoAdapter(config, eos_token_id=eos_token_id)
+    if name == "transformers":
+        from kvsched.peers.transformers_cb import TransformersAdapter  # noqa: PLC0415
+
+        return TransformersAdapter(config)
     raise PeerUnsupportedError(f"unknown peer {name!r} (known: {', '.join(PEERS)})")
 
 

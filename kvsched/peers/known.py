@@ -57,7 +57,32 @@ V11 = KnownBug(
     "an undone chunk's blocks keep their hashes, and a later request hits one whose K/V "
     "no forward wrote",
 )
-KNOWN_BUGS = (N5, N2_N6, N12, V11)
+# --- transformers' continuous batching (tests/peers/repros/transformers_cb_bugs.py) ----
+T10 = KnownBug(
+    "T10",
+    "transformers",
+    "transformers",
+    "5.19.0",
+    "after an offload, cancelling the running requests leaves block_new_requests set: the "
+    "offloaded requests are never scheduled again and the loop spins on empty batches",
+)
+T11 = KnownBug(
+    "T11",
+    "transformers",
+    "transformers",
+    "5.19.0",
+    "offloading a request into a CPU pool whose free block sits in an allocated sector "
+    "raises ValueError (Cannot pop N leaves) instead of soft-resetting it",
+)
+T12 = KnownBug(
+    "T12",
+    "transformers",
+    "transformers",
+    "5.19.0",
+    "a request that can never fit the cache is accepted; alone, it makes "
+    "prepare_next_batch raise RuntimeError, which ends the generation loop",
+)
+KNOWN_BUGS = (N5, N2_N6, N12, V11, T10, T11, T12)
 
 
 def installed_version(bug: KnownBug) -> str | None:
@@ -96,6 +121,34 @@ def classify(peer: str, divergence: Divergence) -> KnownBug | None:
             return N12
     if peer == "vllm" and _keys_of_an_undone_chunk(divergence) and _has_version(V11):
         return V11
+    if peer == "transformers":
+        return _classify_transformers(divergence)
+    return None
+
+
+def _classify_transformers(divergence: Divergence) -> KnownBug | None:
+    observed = divergence.engine_state
+    if (
+        divergence.field.startswith("plan.")
+        and observed is not None
+        and observed.state.admission_frozen
+        and not observed.state.running
+        and _has_version(T10)
+    ):
+        return T10  # the peer runs nothing: frozen, with nothing left to unfreeze it
+    if (
+        divergence.field == "step()"
+        and "ValueError: Cannot pop" in str(divergence.engine_value)
+        and _has_version(T11)
+    ):
+        return T11
+    if (
+        divergence.field.startswith("add_request(")
+        and str(divergence.spec_value).startswith("RequestTooLargeError")
+        and divergence.engine_value == "accepted"
+        and _has_version(T12)
+    ):
+        return T12
     return None
 
 
@@ -123,6 +176,9 @@ __all__ = [
     "N2_N6",
     "N5",
     "N12",
+    "T10",
+    "T11",
+    "T12",
     "V11",
     "KnownBug",
     "classify",

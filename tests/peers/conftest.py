@@ -14,7 +14,7 @@ import pytest
 from kvsched.peers.protocol import INSTALL_HINT
 from tests.cli.conftest import invoke, write_workload  # the CLI tests' fixtures, reused
 
-_MODULES = {"vllm": "vllm", "nano-vllm": "nanovllm"}
+_MODULES = {"vllm": "vllm", "nano-vllm": "nanovllm", "transformers": "transformers"}
 
 
 def require_peer(name: str) -> None:
@@ -26,7 +26,7 @@ def require_peer(name: str) -> None:
     pytest.skip(message)
 
 
-@pytest.fixture(params=sorted(_MODULES))
+@pytest.fixture(params=("nano-vllm", "vllm"))  # the peers of the shared tests (block size 2)
 def peer_name(request: pytest.FixtureRequest) -> str:
     name: str = request.param
     require_peer(name)
