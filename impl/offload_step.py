@@ -11,17 +11,14 @@ scheduled nothing, it offloads and walks again. docs/semantics.md, "transformers
 rules", states each rule; this module implements them over the scheduler's mutable
 state, independently of the spec.
 
-A step here records a snapshot of every queue, block table and free list before it
-(``Snapshot``), so ``rollback`` restores it whole: O(live requests + blocks) per step
-under this profile, where the kvsched phases keep an O(changes) journal.
+A step here is rolled back from a ``Snapshot`` of the whole state (impl/snapshot.py).
 """
 
 from __future__ import annotations
 
-from collections import deque
 from typing import TYPE_CHECKING
 
-from impl.block_manager import BlockManager, cdiv
+from impl.block_manager import cdiv
 from impl.scheduler_output import PreemptionRecord, SchedulerOutput
 from impl.sequence import Sequence, SequenceStatus
 from spec.types import PreemptionMode
@@ -36,57 +33,6 @@ _SWAPPED = SequenceStatus.SWAPPED
 #: FIFOScheduler's default safety_margin (0.15) as a ratio of whole numbers: the walk
 #: admits more than one prefill only while free * 20 >= 3 * total.
 MARGIN_NUMERATOR, MARGIN_DENOMINATOR = 3, 20
-
-
-class Snapshot:
-    """Everything a step under this profile may change, to put back on rollback."""
-
-    __slots__ = ("cached", "cpu", "fields", "frozen", "gpu", "running", "swapped", "waiting")
-
-    def __init__(self, sched: Scheduler) -> None:
-        self.running = list(sched.running)
-        self.waiting = sched.waiting.stored()
-        self.swapped = list(sched.swapped)
-        self.fields = [
-            (
-                seq,
-                seq.status,
-                seq.num_computed,
-                list(seq.block_table),
-                list(seq.cpu_block_table),
-                seq.num_preemptions,
-                seq.recomputed_until,
-                seq.decoding,
-            )
-            for seq in sched.requests.values()
-        ]
-        gpu = sched.gpu
-        assert isinstance(gpu, BlockManager), "transformers: no prefix caching"
-        self.gpu = gpu.snapshot()
-        self.cpu = sched.cpu.snapshot()
-        self.frozen = sched.admission_frozen
-        self.cached = sched.num_cached_tokens
-
-    def restore(self, sched: Scheduler) -> None:
-        sched.running[:] = self.running
-        sched.waiting = sched.policy.new_waiting_queue()
-        for seq in self.waiting:
-            sched.waiting.push_back(seq)
-        sched.swapped = deque(self.swapped)
-        for seq, status, computed, table, cpu_table, preemptions, until, decoding in self.fields:
-            seq.status = status
-            seq.num_computed = computed
-            seq.block_table[:] = table
-            seq.cpu_block_table[:] = cpu_table
-            seq.num_preemptions = preemptions
-            seq.recomputed_until = until
-            seq.decoding = decoding
-        gpu = sched.gpu
-        assert isinstance(gpu, BlockManager), "transformers: no prefix caching"
-        gpu.restore(self.gpu)
-        sched.cpu.restore(self.cpu)
-        sched.admission_frozen = self.frozen
-        sched.num_cached_tokens = self.cached
 
 
 def _candidates(sched: Scheduler) -> list[Sequence]:

@@ -381,7 +381,7 @@ def finish_all(
     ``commit``'s loop carries no index for the steps (most of them) where none finishes.
     """
     finished = [finish(sched, seq) for seq in finishing]
-    if sched.offloads_starved:  # the walk's chunks are in candidate order, not a run
+    if sched.offloads_starved or sched.reserves_generation:  # chunks not a run of running
         for seq in finishing:
             sched.running.remove(seq)
         return finished

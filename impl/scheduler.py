@@ -38,7 +38,7 @@ from collections.abc import Callable
 from collections.abc import Sequence as SequenceABC
 from dataclasses import replace
 
-from impl import offload_step, phases
+from impl import offload_step, phases, reserve_step
 from impl.block_manager import BlockManager, cdiv
 from impl.invariants import check_invariants
 from impl.plan import make_plan
@@ -48,6 +48,7 @@ from impl.queues import WaitingQueue
 from impl.rollback import rollback
 from impl.scheduler_output import SchedulerOutput
 from impl.sequence import Sequence, SequenceStatus
+from impl.snapshot import Snapshot
 from spec.types import (
     DuplicateRequestError,
     EmptyPromptError,
@@ -112,6 +113,9 @@ class Scheduler:
         self.offloads_starved = semantics is Semantics.TRANSFORMERS
         #: transformers/admission-frozen: no waiting request is a candidate
         self.admission_frozen = False
+        #: tokenspeed's plan (impl/reserve_step.py): tokenspeed/reserve-generation,
+        #: prefill-first, head-of-line-chunk, skip-not-fit, submission-order
+        self.reserves_generation = semantics is Semantics.TOKENSPEED
         self.policy: Policy = make_policy(config.policy)
         self.policy.bind(config)
         # The policy's on_run/on_leave hooks are called only if it tracks running.
@@ -218,6 +222,14 @@ class Scheduler:
         refused (vLLM's front end); the profile's config makes the rest fit.
         """
         config = self.config
+        if self.reserves_generation:
+            # tokenspeed/submit-refusal: its reserve, prompt + max_tokens, exceeds the cache.
+            if prompt_len + max_tokens > config.num_gpu_blocks * config.block_size:
+                raise RequestTooLargeError(
+                    f"request {request_id!r}: {prompt_len} + {max_tokens} tokens exceed the "
+                    f"{config.num_gpu_blocks} blocks of {config.block_size}"
+                )
+            return
         if self.max_model_len is not None:
             if prompt_len >= self.max_model_len:
                 raise RequestTooLargeError(
@@ -275,10 +287,13 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         """Phases A-C of one step (R5-R8); on any error the partial work is undone."""
         out = SchedulerOutput(self.num_steps, self.num_cached_tokens)
-        if self.offloads_starved:
-            out.snapshot = offload_step.Snapshot(self)
+        if self.offloads_starved or self.reserves_generation:
+            out.snapshot = Snapshot(self)
             try:
-                offload_step.schedule_offloading(self, out)
+                if self.offloads_starved:
+                    offload_step.schedule_offloading(self, out)
+                else:
+                    reserve_step.schedule_reserving(self, out)
             except BaseException:
                 self.rollback(out)
                 raise
@@ -331,7 +346,7 @@ class Scheduler:
 
     def rollback(self, out: SchedulerOutput) -> None:
         """Undo ``schedule()`` exactly (``impl/rollback.py``); only before ``commit``."""
-        if out.snapshot is not None:  # transformers/offload-starved: the whole state back
+        if out.snapshot is not None:  # transformers, tokenspeed: the whole state back
             out.snapshot.restore(self)
             out.clear()
             return

@@ -14,7 +14,7 @@ from impl.sequence import Sequence
 from spec.types import PreemptionMode
 
 if TYPE_CHECKING:
-    from impl.offload_step import Snapshot
+    from impl.snapshot import Snapshot
 
 
 class PreemptionRecord:
@@ -114,7 +114,7 @@ class SchedulerOutput:
         self.starts: list[int] = []
         self.sampled_ids: list[str] = []
         self.sampled_token_ids: tuple[int, ...] = ()
-        #: transformers/offload-starved: the state before the step, which rollback restores
+        #: the transformers and tokenspeed steps: the state before, which rollback restores
         self.snapshot: Snapshot | None = None
 
     def clear(self) -> None:

@@ -107,6 +107,7 @@ def draw(
 ) -> tuple[SchedulerConfig, list[WorkloadRequest]]:
     nano = peer == "nano-vllm" or semantics is Semantics.NANO_VLLM
     tf = peer == "transformers" or semantics is Semantics.TRANSFORMERS
+    tsd = peer == "tokenspeed" or semantics is Semantics.TOKENSPEED
     block_size = rng.choice(
         [4, 5, 8, 16] if tf else [2, 3, 4, 8, 16] if nano else [1, 2, 3, 4, 8, 16]
     )
@@ -123,8 +124,10 @@ def draw(
             prompt = shared[i]
         else:
             prompt = [rng.randrange(1, 200) for _ in range(rng.randint(1, max_prompt))]
-        if nano and not shared_prefix:
-            prompt[0] = 200 + i  # distinct first tokens: no prefix-cache hit
+        if (nano or tsd) and not shared_prefix:
+            # Distinct first tokens: no prefix-cache hit (nano-vllm), no page that
+            # TokenSpeed de-duplicates when it publishes a prompt's pages (TS7).
+            prompt[0] = 200 + i
         params = SamplingParams(
             max_tokens=rng.randint(1, max_tokens),
             eos_token_id=eos,
@@ -149,6 +152,8 @@ def draw(
         if nano:  # no chunked prefill: a recompute re-prefills P + M - 1 in one step (R4)
             budget = max(budget, *(len(r.prompt) + r.params.max_tokens - 1 for r in workload))
     mode, num_cpu_blocks = PreemptionMode.RECOMPUTE, 0
+    if tsd:
+        chunked = True
     if tf:  # always chunked; CPU offload (swap) half the time, into a pool of 0-2x the GPU's
         chunked = True
         if rng.random() < 0.5:
@@ -194,11 +199,14 @@ def run_with_aborts(
     p_abort: float,
     *,
     events: set[str] | None = None,
+    distinct_readds: bool = False,
 ) -> LockstepReport:
     """Like ``run_workload``, plus: before each step, with probability ``p_abort``, abort
     a random live request (waiting, running or preempted) not aborted before, and
-    re-add its id later. ``events`` collects the prefix-cache events of the steps both
-    sides agreed on (tests/stateful/prefix.py's ``prefix_events``)."""
+    re-add its id later (its prompt's first token 250, or with ``distinct_readds`` 250 +
+    the number of aborts so far, so that no two share a first page). ``events`` collects
+    the prefix-cache events of the steps both sides agreed on (tests/stateful/prefix.py's
+    ``prefix_events``)."""
     lock = Lockstep(peer, config, ORACLE)
     pending = sorted(workload, key=lambda r: r.arrival_step)
     aborted: set[str] = set()
@@ -225,7 +233,10 @@ def run_with_aborts(
                 pending.append(
                     WorkloadRequest(
                         request_id=victim.request_id,
-                        prompt=(250, *victim.request.prompt_token_ids[1:]),
+                        prompt=(
+                            250 + len(aborted) * distinct_readds,
+                            *victim.request.prompt_token_ids[1:],
+                        ),
                         params=victim.request.params,
                         arrival_step=lock.steps + 2,
                     )
@@ -281,7 +292,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "peer",
-        choices=["vllm", "nano-vllm", "transformers", "kvsched"],
+        choices=["vllm", "nano-vllm", "transformers", "tokenspeed", "kvsched"],
         help="kvsched: our impl.Scheduler",
     )
     parser.add_argument(
@@ -334,7 +345,15 @@ def main() -> int:
             continue
         if args.aborts or args.shared_prefix:
             events: set[str] = set()
-            report = run_with_aborts(peer, config, workload, rng, args.aborts, events=events)
+            report = run_with_aborts(
+                peer,
+                config,
+                workload,
+                rng,
+                args.aborts,
+                events=events,
+                distinct_readds=args.peer == "tokenspeed" and not args.shared_prefix,
+            )
             runs_with.update(events)
         else:
             report = run_workload(peer, config, workload, ORACLE)

@@ -21,6 +21,7 @@ from spec.policies import is_registered
 from spec.prefix_cache import pool_violations
 from spec.profiles import (
     decode_unbudgeted,
+    gpu_blocks_owned,
     length_capped,
     model_len,
     nano_caching,
@@ -232,7 +233,9 @@ def blocks_in_use(
     if state.prefix_cache is None:
         chunk_of = {chunk.request_id: chunk.num_tokens for chunk in scheduled}
         gpu = sum(
-            blocks_held(max(r.num_computed_tokens + chunk_of.get(r.request_id, 0), 0), bs)
+            gpu_blocks_owned(
+                state.config, r, max(r.num_computed_tokens + chunk_of.get(r.request_id, 0), 0)
+            )
             for r in state.running
         )
     else:

@@ -16,7 +16,7 @@ from spec.invariants import check_state  # noqa: F401  (used by the PEP 316 cont
 from spec.kv import blocks_held
 from spec.policies import get_policy
 from spec.prefix_cache import holders
-from spec.profiles import model_len, release_blocks, too_large
+from spec.profiles import gpu_blocks_owned, model_len, release_blocks, too_large
 from spec.types import (
     ConfigError,  # noqa: F401  (named by a contract's raises:)
     DuplicateRequestError,
@@ -205,7 +205,9 @@ def add_request(
 def blocks_owned(state: SchedulerState, request_id: str) -> tuple[int, int]:
     """``(gpu, cpu)`` blocks the live request owns (R2); ``(0, 0)`` if it is not live.
 
-    A running request owns GPU blocks, a swapped one CPU blocks, a waiting one none.
+    A running request owns GPU blocks (``gpu_blocks_owned``: its computed tokens', or
+    under tokenspeed/reserve-generation its whole generation's), a swapped one CPU
+    blocks, a waiting one none.
 
     pre: check_state(state)
     post: __return__[0] >= 0 and __return__[1] >= 0
@@ -216,7 +218,8 @@ def blocks_owned(state: SchedulerState, request_id: str) -> tuple[int, int]:
     queue, index = where
     bs = state.config.block_size
     if queue == "running":
-        return blocks_held(state.running[index].num_computed_tokens, bs), 0
+        request = state.running[index]
+        return gpu_blocks_owned(state.config, request, request.num_computed_tokens), 0
     if queue == "swapped":
         return 0, blocks_held(state.swapped[index].num_computed_tokens, bs)
     return 0, 0

@@ -33,7 +33,15 @@ def model_len(config: SchedulerConfig) -> int | None:
 def too_large(config: SchedulerConfig, prompt_len: int, max_tokens: int) -> bool:
     """R4 check 5, by profile: whether ``add_request`` refuses the request's size.
 
-    ``kvsched``, ``nano-vllm``: ``never_fits`` (it could never be scheduled alone).
+    ``kvsched``, ``nano-vllm``, ``transformers``: ``never_fits`` (it could never be
+    scheduled alone).
+
+    **tokenspeed/submit-refusal**: ``prompt_len + max_tokens`` tokens (the reserve of
+    tokenspeed/reserve-generation) exceed the GPU cache's ``num_gpu_blocks * bs``
+    (``SubmitRequests``, ``scheduler/scheduler.cpp``: "request token limit exceeds cache
+    capacity"; ``max_single_request_tokens`` is the usable pages times the page size
+    without a prefix cache). kvsched's ``never_fits`` counts ``P + M - 1`` (the last
+    output is never cached) in whole blocks.
 
     **vllm-v1/max-model-len**, first half: a prompt of ``max_model_len`` tokens or more
     (vLLM's front end, ``v1/engine/input_processor.py:574-602``; its scheduler's
@@ -45,8 +53,10 @@ def too_large(config: SchedulerConfig, prompt_len: int, max_tokens: int) -> bool
 
     pre: prompt_len >= 1
     pre: max_tokens >= 1
-    post: config.semantics is Semantics.VLLM_V1 or __return__ == never_fits(config, prompt_len, max_tokens)
+    post: config.semantics in (Semantics.VLLM_V1, Semantics.TOKENSPEED) or __return__ == never_fits(config, prompt_len, max_tokens)
     """  # noqa: E501
+    if reserves_generation(config):
+        return prompt_len + max_tokens > config.num_gpu_blocks * config.block_size
     length = model_len(config)
     if length is None:
         return never_fits(config, prompt_len, max_tokens)
@@ -418,11 +428,12 @@ def offloads_starved(config: SchedulerConfig) -> bool:
 
 
 def tracks_decoding(config: SchedulerConfig) -> bool:
-    """Whether ``RequestState.decoding`` is kept (transformers/decode-first reads it).
+    """Whether ``RequestState.decoding`` is kept (transformers/decode-first and
+    tokenspeed/prefill-first read it).
 
-    post: __return__ == offloads_starved(config)
+    post: __return__ == (offloads_starved(config) or reserves_generation(config))
     """
-    return offloads_starved(config)
+    return offloads_starved(config) or reserves_generation(config)
 
 
 def decode_first(running: Sequence[RequestState]) -> tuple[RequestState, ...]:
@@ -533,3 +544,55 @@ def admission_frozen_after(frozen: bool, offloaded: bool, finished: bool) -> boo
     post: __return__ == ((frozen or offloaded) and not finished)
     """
     return (frozen or offloaded) and not finished
+
+
+# --- tokenspeed rules (TS1-TS6) --------------------------------------------------------------
+#
+# TokenSpeed's scheduler (tokenspeed-scheduler 0.1.42; sources read in lightseekorg/tokenspeed,
+# ``tokenspeed-scheduler/csrc/``, the Fused role, prefix cache off) builds each plan from its
+# requests in submission order (``buildForwardOperations``, ``scheduler/operations/forward.cpp``):
+# local prefill work (the prompts mid-prefill, then new prompts), and a decode batch only
+# when no prefill was scheduled (``buildFusedPlan``). Every admission reserves the pages of
+# its whole generation. The step is ``spec.reserve.schedule_reserving``.
+
+#: ``kRetractionSafeSteps`` (``forward.cpp``): the decode tokens an admission reserves at
+#: most; the profile's pools are too small for a request to outgrow it (a config constraint).
+RETRACTION_SAFE_STEPS = 4096
+
+
+def reserves_generation(config: SchedulerConfig) -> bool:
+    """Whether the step is **tokenspeed**'s (``spec.reserve.schedule_reserving``).
+
+    post: __return__ == (config.semantics is Semantics.TOKENSPEED)
+    """
+    return config.semantics is Semantics.TOKENSPEED
+
+
+def generation_blocks(config: SchedulerConfig, request: RequestState) -> int:
+    """**tokenspeed/reserve-generation** (TS1): the blocks an admission takes, and holds
+    until the request finishes: the prompt plus every token it may generate,
+    ``cdiv(P + M, bs)`` (``schedulePrefillFirstChunk``: the chunk, the rest of the
+    prompt as ``prompt_headroom_tokens`` and ``AdmissionHeadroom(kRetractionSafeSteps)``
+    decode tokens, at most ``max_new_tokens``). A chunk or a decode later takes no block
+    (``ConsumeReservedTokens``). kvsched takes a chunk's blocks when it is scheduled.
+
+    post: __return__ >= cdiv(request.num_tokens, config.block_size)
+    """
+    params = request.request.params
+    prompt_len = len(request.request.prompt_token_ids)
+    return cdiv(prompt_len + min(params.max_tokens, RETRACTION_SAFE_STEPS), config.block_size)
+
+
+def gpu_blocks_owned(config: SchedulerConfig, request: RequestState, num_cached: int) -> int:
+    """R2 by profile: the GPU blocks a running request owns with ``num_cached`` tokens
+    cached (its computed count, plus its chunk in the middle of a step).
+
+    ``cdiv(num_cached, bs)``; under tokenspeed/reserve-generation its reserve,
+    ``generation_blocks``, from admission until it finishes.
+
+    pre: num_cached >= 0
+    post: __return__ >= 0
+    """
+    if reserves_generation(config):
+        return generation_blocks(config, request)
+    return cdiv(num_cached, config.block_size)

@@ -46,12 +46,14 @@ from spec.profiles import (
     admission_frozen_after,
     decode_unbudgeted,
     full_sequence_fits,
+    gpu_blocks_owned,
     key_blocks,
     length_capped,
     next_victim,
     offloads_starved,
     prefill_first,
     release_blocks,
+    reserves_generation,
     running_capped,
     step_token_limit,  # noqa: F401  (used by the PEP 316 contracts)
     tracks_decoding,
@@ -59,6 +61,7 @@ from spec.profiles import (
     victim_among_all_running,
     whole_sequence_admissible,
 )
+from spec.reserve import schedule_reserving
 from spec.types import (
     FinishedRequest,
     FinishReason,
@@ -656,7 +659,8 @@ def schedule(state: SchedulerState) -> tuple[SchedulerState, StepPlan]:
     Under nano-vllm/prefill-first phase C runs first, with the whole budget; if it
     admitted anyone the step is that prefill alone, else phase A runs (a decode step).
     Under transformers/offload-starved the three phases are one walk followed by
-    offloads (``spec.offload.schedule_offloading``).
+    offloads (``spec.offload.schedule_offloading``); under tokenspeed they are its plan
+    (``spec.reserve.schedule_reserving``).
 
     The returned state is an **intermediate value**, not a state between steps: the
     blocks of every scheduled chunk are already taken and the queues are as decided,
@@ -673,6 +677,8 @@ def schedule(state: SchedulerState) -> tuple[SchedulerState, StepPlan]:
         from spec.offload import schedule_offloading  # noqa: PLC0415
 
         return schedule_offloading(state)
+    if reserves_generation(state.config):
+        return schedule_reserving(state)
     draft = StepDraft(state=state, budget=state.config.max_num_batched_tokens)
     if prefill_first(state.config):
         admitted = admit_waiting(draft)
@@ -787,7 +793,6 @@ def complete_step(
     raises: SampledTokensError
     """  # noqa: E501
     by_id = _running_by_id(state_mid)
-    bs = state_mid.config.block_size
     updated: dict[str, RequestState | None] = {}
     sampled_ids: list[str] = []
     sampled_token_ids: list[int] = []
@@ -825,7 +830,7 @@ def complete_step(
             )
         else:
             updated[request_id] = None
-            freed += blocks_held(computed, bs)
+            freed += gpu_blocks_owned(state_mid.config, request, computed)
             finished.append(
                 FinishedRequest(
                     request_id=request_id,

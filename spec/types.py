@@ -29,16 +29,17 @@ class PreemptionMode(enum.StrEnum):
 class Semantics(enum.StrEnum):
     """A named bundle of scheduling rules (docs/semantics.md, "Semantics profiles").
 
-    ``kvsched`` is R1-R11 as written; ``vllm-v1``, ``nano-vllm`` and ``transformers``
-    replace some of them with the named rules that make the spec decide exactly as
-    vLLM V1's, nano-vllm's and transformers' continuous batching's real schedulers do
-    (docs/peers.md lists the differences they model).
+    ``kvsched`` is R1-R11 as written; ``vllm-v1``, ``nano-vllm``, ``transformers`` and
+    ``tokenspeed`` replace some of them with the named rules that make the spec decide
+    exactly as vLLM V1's, nano-vllm's, transformers' continuous batching's and
+    TokenSpeed's real schedulers do (docs/peers.md lists the differences they model).
     """
 
     KVSCHED = "kvsched"
     VLLM_V1 = "vllm-v1"
     NANO_VLLM = "nano-vllm"
     TRANSFORMERS = "transformers"
+    TOKENSPEED = "tokenspeed"
 
 
 class FinishReason(enum.StrEnum):
@@ -178,6 +179,8 @@ class SchedulerConfig:
                 self._check_nano_vllm()
             if self.semantics is Semantics.TRANSFORMERS:
                 self._check_transformers()
+            if self.semantics is Semantics.TOKENSPEED:
+                self._check_tokenspeed()
 
     def _check_vllm_v1(self) -> None:
         """vLLM V1's config-time constraints (paths in vLLM 0.32.0's ``vllm/``)."""
@@ -258,6 +261,32 @@ class SchedulerConfig:
         if self.block_size < 4:
             # initialization.py:38-40, :310-313: page_size must be at least 4.
             raise ConfigError(f"{prefix}: block_size (page_size) must be >= 4")
+
+    def _check_tokenspeed(self) -> None:
+        """TokenSpeed's constraints (paths in lightseekorg/tokenspeed's
+        ``tokenspeed-scheduler/csrc/``; tokenspeed-scheduler 0.1.42)."""
+        prefix = "semantics tokenspeed"
+        if self.preemption_mode is not PreemptionMode.RECOMPUTE or self.num_cpu_blocks:
+            # scheduler/operations/forward.cpp: admission reserves the whole generation (up
+            # to 4096 decode tokens per admission, kRetractionSafeSteps), so a request
+            # never outgrows its pages and retraction, TokenSpeed's preemption, never runs
+            # for the generations modelled; it is not modelled (docs/peers.md).
+            raise ConfigError(f"{prefix}: no preemption modelled (recompute, no CPU pool)")
+        if self.policy != "lifo":
+            # scheduler/operations/forward.cpp buildForwardOperations: submission order.
+            raise ConfigError(f"{prefix}: policy lifo only (it serves in submission order)")
+        if not self.enable_chunked_prefill:
+            # PrefillChunkTokens: a prompt is cut by what is left of max_scheduled_tokens.
+            raise ConfigError(f"{prefix}: prefills are always chunked (enable_chunked_prefill)")
+        if self.enable_prefix_caching:
+            # cache/prefix/: a radix of page hashes, published when a decode is scheduled,
+            # with a host tier; the profile does not model it (disable_prefix_cache).
+            raise ConfigError(f"{prefix}: its prefix cache is not modelled")
+        if self.num_gpu_blocks * self.block_size > 4097:
+            # forward.cpp kRetractionSafeSteps = 4096: an admission reserves at most 4096
+            # decode tokens; in a larger pool an accepted request could decode past its
+            # reserve and be retracted, which the profile does not model.
+            raise ConfigError(f"{prefix}: a GPU cache of at most 4097 tokens")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

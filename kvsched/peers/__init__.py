@@ -20,13 +20,14 @@ from kvsched.peers.protocol import (
 )
 from spec.types import SamplingParams, SchedulerConfig, Semantics
 
-PEERS = ("vllm", "nano-vllm", "transformers")
+PEERS = ("vllm", "nano-vllm", "transformers", "tokenspeed")
 #: The spec profile each ``--engine`` is held to unless ``--semantics`` says otherwise.
 PROFILES = {
     "kvsched": Semantics.KVSCHED,
     "vllm": Semantics.VLLM_V1,
     "nano-vllm": Semantics.NANO_VLLM,
     "transformers": Semantics.TRANSFORMERS,
+    "tokenspeed": Semantics.TOKENSPEED,
 }
 
 
@@ -56,6 +57,10 @@ def make_peer(
         from kvsched.peers.transformers_cb import TransformersAdapter  # noqa: PLC0415
 
         return TransformersAdapter(config)
+    if name == "tokenspeed":
+        from kvsched.peers.tokenspeed import TokenSpeedAdapter  # noqa: PLC0415
+
+        return TokenSpeedAdapter(config)
     raise PeerUnsupportedError(f"unknown peer {name!r} (known: {', '.join(PEERS)})")
 
 

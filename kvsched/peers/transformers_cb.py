@@ -50,6 +50,7 @@ from kvsched.peers.protocol import (
     PeerUnsupportedError,
     make_plan,
 )
+from spec.profiles import tracks_decoding
 from spec.scheduler import TokenOracle
 from spec.types import (
     EmptyPromptError,
@@ -416,7 +417,9 @@ class TransformersAdapter:
             request=request,
             output_token_ids=tuple(tokens[prompt_len:]),
             num_computed_tokens=computed,
-            decoding=queue == "running" and state.status == self.t["RequestStatus"].DECODING,
+            decoding=queue == "running"
+            and tracks_decoding(self.config)
+            and state.status == self.t["RequestStatus"].DECODING,
         )
 
     def observe(self) -> Observation:

@@ -14,7 +14,12 @@ import pytest
 from kvsched.peers.protocol import INSTALL_HINT
 from tests.cli.conftest import invoke, write_workload  # the CLI tests' fixtures, reused
 
-_MODULES = {"vllm": "vllm", "nano-vllm": "nanovllm", "transformers": "transformers"}
+_MODULES = {
+    "vllm": "vllm",
+    "nano-vllm": "nanovllm",
+    "transformers": "transformers",
+    "tokenspeed": "tokenspeed_scheduler",
+}
 
 
 def require_peer(name: str) -> None:
