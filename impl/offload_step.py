@@ -1,4 +1,4 @@
-"""The engine's step under transformers/offload-starved: schedule first, offload after (T1-T9).
+"""The engine's step under transformers/offload-starved: schedule first, offload after (T2-T9).
 
 transformers' continuous batching (5.19.0) does not preempt while it schedules: its
 ``FIFOScheduler`` walks the candidates (decoding running requests, then prefilling
@@ -36,12 +36,12 @@ MARGIN_NUMERATOR, MARGIN_DENOMINATOR = 3, 20
 
 
 def _candidates(sched: Scheduler) -> list[Sequence]:
-    """T1, T8, T9: decoding running requests, then prefilling ones, then (admission not
-    frozen, or nothing running: the frozen-after-abort stall is not copied) the swapped
-    and waiting requests alternately, swapped first."""
+    """T8, T9: the running requests (decoding first, which is their order: the one that
+    may be mid-prefill is the newest), then (admission not frozen, or nothing running:
+    the frozen-after-abort stall is not copied) the swapped and waiting requests
+    alternately, swapped first."""
     running = sched.running
-    order = [seq for seq in running if seq.decoding]
-    order.extend(seq for seq in running if not seq.decoding)
+    order = list(running)
     if sched.admission_frozen and running:
         return order
     swapped = list(sched.swapped)
@@ -53,7 +53,7 @@ def _candidates(sched: Scheduler) -> list[Sequence]:
 
 
 def walk(sched: Scheduler, out: SchedulerOutput) -> tuple[list[tuple[Sequence, int]], bool]:
-    """T1-T4, T8: schedule each candidate whose chunk's blocks are free, skip the rest.
+    """T2-T4, T8: schedule each candidate whose chunk's blocks are free, skip the rest.
 
     Returns the starved running requests with the chunk they were refused (in walk
     order) and whether any candidate did not fit.

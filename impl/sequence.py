@@ -87,7 +87,7 @@ class Sequence:
         self.block_hashes: list[int] = []
         self.block_nodes: list[Node] = []
         self.status = SequenceStatus.WAITING
-        # transformers/decode-first: its (re)prefill is scheduled to the end (DECODING).
+        # transformers, tokenspeed: its (re)prefill is scheduled to the end (DECODING).
         self.decoding = False
         # Stored position in the waiting queue for policies that keep a heap.
         self.queue_key = 0

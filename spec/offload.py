@@ -1,12 +1,12 @@
-"""Schedule first, offload the starved after: transformers' continuous batching step (T1-T9).
+"""Schedule first, offload the starved after: transformers' continuous batching step (T2-T9).
 
 Under **transformers/offload-starved** (``spec.profiles.offloads_starved``) phases A-C
 are one walk and a preemption pass after it, as transformers 5.19.0's
 ``ContinuousBatchProcessor.prepare_next_batch`` runs them
 (``generation/continuous_batching/continuous_api.py:482-536``):
 
-1. **walk** the candidates: the running requests decoding ones first
-   (transformers/decode-first), then, unless admission is frozen
+1. **walk** the candidates: the running requests (transformers takes the decoding ones
+   first, which is their order: ``spec.profiles``), then, unless admission is frozen
    (transformers/admission-frozen), the swapped (CPU-offloaded) and waiting requests
    interleaved (transformers/offloaded-interleaved). Each gets ``n = min(num_tokens -
    computed, budget)`` tokens if the blocks of its chunk are free; one that does not
@@ -39,7 +39,6 @@ from dataclasses import dataclass, replace
 from spec.kv import blocks_held
 from spec.profiles import (
     admission_frozen_after,
-    decode_first,
     in_safety_margin,
     interleave_offloaded,
     num_offloaded,
@@ -69,7 +68,7 @@ class Walk:
 
 
 def candidates(state: SchedulerState) -> tuple[tuple[RequestState, str], ...]:
-    """T1, T8, T9: who the walk considers, in order, each with the queue it is in.
+    """T8, T9: who the walk considers, in order, each with the queue it is in.
 
     Admission is frozen only while a request runs: transformers keeps it frozen when the
     last running request is aborted, and then serves nothing ever again (docs/peers.md
@@ -77,7 +76,7 @@ def candidates(state: SchedulerState) -> tuple[tuple[RequestState, str], ...]:
 
     post: len(__return__) <= len(state.running) + len(state.swapped) + len(state.waiting)
     """
-    running = tuple((r, "running") for r in decode_first(state.running))
+    running = tuple((r, "running") for r in state.running)
     if state.admission_frozen and state.running:
         return running
     swapped_ids = {r.request_id for r in state.swapped}
@@ -91,7 +90,7 @@ def candidates(state: SchedulerState) -> tuple[tuple[RequestState, str], ...]:
 
 
 def walk(state: SchedulerState) -> Walk:
-    """Step 1: schedule the candidates that fit, skip the rest (T1-T4, T8).
+    """Step 1: schedule the candidates that fit, skip the rest (T2-T4, T8).
 
     ``FIFOScheduler._process_candidates`` (``scheduler.py:196-280``): the margin is
     judged once, before the walk; a candidate's chunk is ``min(num_tokens - computed,
@@ -203,7 +202,7 @@ def offload(
 
 
 def schedule_offloading(state: SchedulerState) -> tuple[SchedulerState, StepPlan]:
-    """Phases A-C under transformers/offload-starved: walk, offload, walk again (T1-T9).
+    """Phases A-C under transformers/offload-starved: walk, offload, walk again (T2-T9).
 
     Returns the mid-step state and the plan, as ``spec.scheduler.schedule`` does. If a
     walk schedules nothing although something did not fit, the starved are offloaded and

@@ -411,6 +411,12 @@ def nano_pool_violations(cache: PrefixCacheState) -> list[str]:
 # running requests it starved, and ``prepare_next_batch`` then offloads starved requests
 # (``continuous_api.py:498-523``). The step is ``spec.offload.schedule_offloading``; the
 # rules it asks are here.
+#
+# Not a rule: its candidates are the DECODING active requests, then the PREFILLING ones
+# (``scheduler.py:320-327``), but that is ``running``'s own order: a prefill is cut only
+# by the budget, which ends the walk, so nothing is admitted after a request whose
+# prefill is incomplete until it completes (or is offloaded): at most one running
+# request is mid-prefill, and it is the newest (``single_prefill_violations``).
 
 #: transformers/safety-margin (T3): ``FIFOScheduler``'s default ``safety_margin`` 0.15
 #: (``scheduler.py:311-315``), as the exact fraction the float comparison decides.
@@ -428,7 +434,7 @@ def offloads_starved(config: SchedulerConfig) -> bool:
 
 
 def tracks_decoding(config: SchedulerConfig) -> bool:
-    """Whether ``RequestState.decoding`` is kept (transformers/decode-first and
+    """Whether ``RequestState.decoding`` is kept (transformers/safety-margin and
     tokenspeed/prefill-first read it).
 
     post: __return__ == (offloads_starved(config) or reserves_generation(config))
@@ -436,18 +442,24 @@ def tracks_decoding(config: SchedulerConfig) -> bool:
     return offloads_starved(config) or reserves_generation(config)
 
 
-def decode_first(running: Sequence[RequestState]) -> tuple[RequestState, ...]:
-    """**transformers/decode-first** (T1): the running candidates, decoding ones first.
+def single_prefill_violations(
+    config: SchedulerConfig, running: Sequence[RequestState]
+) -> list[str]:
+    """What transformers' and TokenSpeed's walks keep: at most one running request is
+    mid-prefill (not ``decoding``), under transformers the newest. (A prefill chunk cut
+    by the budget ends the walk, transformers; an incomplete chunk holds the head of the
+    line, tokenspeed/head-of-line-chunk.)
 
-    ``FIFOScheduler.schedule_batch`` takes the active requests whose status is DECODING,
-    then those still PREFILLING (a chunked prefill), each group in admission order
-    (``scheduler.py:320-327``), and the waiting ones after them (``:330-333``). kvsched
-    serves ``running`` in admission order (R5).
-
-    post: sorted(r.request_id for r in __return__) == sorted(r.request_id for r in running)
-    post: [r.decoding for r in __return__] == sorted((r.decoding for r in running), reverse=True)
+    post: isinstance(__return__, list)
     """
-    return (*(r for r in running if r.decoding), *(r for r in running if not r.decoding))
+    if not tracks_decoding(config):
+        return []
+    prefilling = [k for k, r in enumerate(running) if not r.decoding]
+    if len(prefilling) > 1:
+        return [f"{config.semantics}: {len(prefilling)} running requests are mid-prefill"]
+    if offloads_starved(config) and prefilling and prefilling[0] != len(running) - 1:
+        return ["transformers: a mid-prefill request is not the newest running"]
+    return []
 
 
 def interleave_offloaded(

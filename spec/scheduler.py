@@ -784,8 +784,8 @@ def complete_step(
     (reason ``stop``, the token is kept), then ``max_tokens`` outputs (``length``). A
     finished request leaves ``running``, its ``cdiv(computed, bs)`` GPU blocks are
     freed, and it is appended to the plan's ``finished`` (R3). ``num_steps`` goes up by
-    one, even for an empty step. Under transformers/decode-first a request that sampled
-    is decoding; under transformers/admission-frozen a finished request unfreezes
+    one, even for an empty step. Under transformers and tokenspeed a request that sampled
+    is decoding (``RequestState.decoding``); under transformers/admission-frozen a finished request unfreezes
     admission.
 
     pre: plan_matches(state_mid, plan)

@@ -251,8 +251,8 @@ class SchedulerConfig:
             # outputs (folded into the prompt); nothing drops them.
             raise ConfigError(f"{prefix}: preemption by recompute (soft reset) or swap only")
         if self.policy != "lifo":
-            # scheduler.py:306-351: one order (decode-first, FIFO); no other policy.
-            raise ConfigError(f"{prefix}: policy lifo only (its order is decode-first FIFO)")
+            # scheduler.py:306-351: one order (FIFO, decoding requests first); no other.
+            raise ConfigError(f"{prefix}: policy lifo only (its one order is FIFO)")
         if self.enable_prefix_caching:
             # cache.py:335-369, cache_allocators/cache_allocator.py:300-322: block sharing
             # de-duplicates a block when the forward that completes it has run, and evicts
@@ -333,9 +333,10 @@ class RequestState:
     # With prefix caching on, a running request's GPU block ids in table order (PC1);
     # always empty otherwise, when blocks are only counted.
     block_ids: tuple[int, ...] = ()
-    #: transformers/decode-first: a running request whose (re)prefill is complete and
-    #: that sampled since (transformers' DECODING status). Tracked only under the
-    #: profiles whose rules read it (``spec.profiles.tracks_decoding``); False elsewhere.
+    #: A running request whose (re)prefill is complete and that sampled since
+    #: (transformers' DECODING status, TokenSpeed's PrefillDone or Decoding). Tracked only
+    #: under the profiles whose rules read it (``spec.profiles.tracks_decoding``:
+    #: transformers/safety-margin, tokenspeed/prefill-first); False elsewhere.
     decoding: bool = False
 
     @property
