@@ -42,6 +42,7 @@ from spec.profiles import (
     in_safety_margin,
     interleave_offloaded,
     num_offloaded,
+    skips_unfit,
 )
 from spec.scheduler import release_victim
 from spec.types import (
@@ -121,11 +122,14 @@ def walk(state: SchedulerState) -> Walk:
         n = min(request.num_tokens - computed, budget)
         held = blocks_held(computed, bs) if queue == "running" else 0
         need = blocks_held(computed + n, bs) - held
-        if need > free:  # T2: skipped; a running one is starved
+        if need > free:  # a running one is starved; T2: a waiting one skipped
             failed = True
             if queue == "running":
                 starved.append((request.request_id, n))
-            continue
+                continue
+            if skips_unfit(config):
+                continue
+            break
         free -= need
         budget -= n
         chunks.append(ScheduledChunk(request_id=request.request_id, start=computed, num_tokens=n))

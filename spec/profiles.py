@@ -462,6 +462,18 @@ def single_prefill_violations(
     return []
 
 
+def skips_unfit(config: SchedulerConfig) -> bool:
+    """**transformers/skip-not-fit** (T2), **tokenspeed/skip-not-fit** (TS5): a waiting
+    request whose blocks are not free is skipped and the next one is tried
+    (``_process_candidates``' ``continue``, transformers ``scheduler.py:241-247``;
+    ``scheduleLocalPrefillWork`` goes on after a failed new-prompt admission, TokenSpeed
+    ``forward.cpp``). kvsched's R8 stops at the first that does not fit (head-of-line).
+
+    post: __return__ == (offloads_starved(config) or reserves_generation(config))
+    """
+    return offloads_starved(config) or reserves_generation(config)
+
+
 def interleave_offloaded(
     swapped: Sequence[RequestState], waiting: Sequence[RequestState]
 ) -> tuple[RequestState, ...]:
@@ -593,6 +605,18 @@ def generation_blocks(config: SchedulerConfig, request: RequestState) -> int:
     params = request.request.params
     prompt_len = len(request.request.prompt_token_ids)
     return cdiv(prompt_len + min(params.max_tokens, RETRACTION_SAFE_STEPS), config.block_size)
+
+
+def submission_order(requests: Sequence[RequestState]) -> tuple[RequestState, ...]:
+    """**tokenspeed/submission-order** (TS6): ``running`` in the order the requests were
+    submitted (their ``arrival``), which is the order every phase takes them in (its
+    ``requests_`` vector is a FIFO, ``buildForwardOperations``: "within a phase, older
+    requests win"), not the order they were admitted in (kvsched's R1), which
+    tokenspeed/skip-not-fit makes differ.
+
+    post: sorted(r.request_id for r in __return__) == sorted(r.request_id for r in requests)
+    """
+    return tuple(sorted(requests, key=lambda r: r.request.arrival))
 
 
 def gpu_blocks_owned(config: SchedulerConfig, request: RequestState, num_cached: int) -> int:

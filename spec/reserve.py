@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from spec.profiles import generation_blocks
+from spec.profiles import generation_blocks, skips_unfit, submission_order
 from spec.types import RequestState, ScheduledChunk, SchedulerState, StepPlan
 
 
@@ -60,7 +60,9 @@ def schedule_reserving(state: SchedulerState) -> tuple[SchedulerState, StepPlan]
             break
         need = generation_blocks(config, request)
         if need > free:  # TS5: skipped
-            continue
+            if skips_unfit(config):
+                continue
+            break
         n = min(request.num_tokens, budget)
         free -= need
         budget -= n
@@ -78,7 +80,7 @@ def schedule_reserving(state: SchedulerState) -> tuple[SchedulerState, StepPlan]
     joined = {r.request_id for r in admitted}
     mid = replace(
         state,
-        running=tuple(sorted((*state.running, *admitted), key=lambda r: r.request.arrival)),  # TS6
+        running=submission_order((*state.running, *admitted)),  # TS6
         waiting=tuple(r for r in state.waiting if r.request_id not in joined),
         num_free_gpu_blocks=free,
     )
