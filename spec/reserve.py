@@ -49,7 +49,7 @@ def schedule_reserving(state: SchedulerState) -> tuple[SchedulerState, StepPlan]
         if request.decoding or budget == 0:
             continue
         n = min(request.num_tokens - request.num_computed_tokens, budget)
-        chunks.append(chunk(request, n))
+        chunks.append(_chunk(request, n))
         budget -= n
         if n < request.num_tokens - request.num_computed_tokens:
             blocked = True
@@ -67,7 +67,7 @@ def schedule_reserving(state: SchedulerState) -> tuple[SchedulerState, StepPlan]
         free -= need
         budget -= n
         admitted.append(request)
-        chunks.append(chunk(request, n))
+        chunks.append(_chunk(request, n))
         if n < request.num_tokens:
             break
     if not chunks:  # TS3: a decode plan
@@ -75,7 +75,7 @@ def schedule_reserving(state: SchedulerState) -> tuple[SchedulerState, StepPlan]
             if budget == 0:
                 break
             if request.decoding:
-                chunks.append(chunk(request, 1))
+                chunks.append(_chunk(request, 1))
                 budget -= 1
     joined = {r.request_id for r in admitted}
     mid = replace(
@@ -87,10 +87,10 @@ def schedule_reserving(state: SchedulerState) -> tuple[SchedulerState, StepPlan]
     return mid, StepPlan.of(step=state.num_steps, scheduled=chunks)
 
 
-def chunk(request: RequestState, num_tokens: int) -> ScheduledChunk:
+def _chunk(request: RequestState, num_tokens: int) -> ScheduledChunk:
     return ScheduledChunk(
         request_id=request.request_id, start=request.num_computed_tokens, num_tokens=num_tokens
     )
 
 
-__all__ = ["chunk", "schedule_reserving"]
+__all__ = ["schedule_reserving"]
