@@ -443,7 +443,7 @@ def tracks_decoding(config: SchedulerConfig) -> bool:
 
 
 def single_prefill_violations(
-    config: SchedulerConfig, running: Sequence[RequestState]
+    config: SchedulerConfig, running: tuple[RequestState, ...]
 ) -> list[str]:
     """What transformers' and TokenSpeed's walks keep: at most one running request is
     mid-prefill (not ``decoding``), under transformers the newest. (A prefill chunk cut
@@ -475,7 +475,7 @@ def skips_unfit(config: SchedulerConfig) -> bool:
 
 
 def interleave_offloaded(
-    swapped: Sequence[RequestState], waiting: Sequence[RequestState]
+    swapped: tuple[RequestState, ...], waiting: tuple[RequestState, ...]
 ) -> tuple[RequestState, ...]:
     """**transformers/offloaded-interleaved** (T8): the waiting candidates.
 
@@ -484,9 +484,9 @@ def interleave_offloaded(
     the spec's ``waiting``), each in queue order, and alternates them, offloaded first
     (``scheduler.py:282-297``). kvsched serves ``swapped`` before ``waiting`` (R7, R8).
 
-    post: len(__return__) == len(swapped) + len(waiting)
-    post: [r for r in __return__ if r in swapped] == list(swapped) or len(set(map(id, swapped))) != len(swapped)
-    """  # noqa: E501
+    post: sorted(map(id, __return__)) == sorted(map(id, (*swapped, *waiting)))
+    post: __return__[:1] == (swapped[:1] or waiting[:1])
+    """
     ordered: list[RequestState] = []
     for k in range(max(len(swapped), len(waiting))):
         ordered.extend(swapped[k : k + 1])
@@ -600,6 +600,7 @@ def generation_blocks(config: SchedulerConfig, request: RequestState) -> int:
     decode tokens, at most ``max_new_tokens``). A chunk or a decode later takes no block
     (``ConsumeReservedTokens``). kvsched takes a chunk's blocks when it is scheduled.
 
+    pre: len(request.output_token_ids) < request.request.params.max_tokens <= RETRACTION_SAFE_STEPS
     post: __return__ >= cdiv(request.num_tokens, config.block_size)
     """
     params = request.request.params
@@ -607,7 +608,7 @@ def generation_blocks(config: SchedulerConfig, request: RequestState) -> int:
     return cdiv(prompt_len + min(params.max_tokens, RETRACTION_SAFE_STEPS), config.block_size)
 
 
-def submission_order(requests: Sequence[RequestState]) -> tuple[RequestState, ...]:
+def submission_order(requests: tuple[RequestState, ...]) -> tuple[RequestState, ...]:
     """**tokenspeed/submission-order** (TS6): ``running`` in the order the requests were
     submitted (their ``arrival``), which is the order every phase takes them in (its
     ``requests_`` vector is a FIFO, ``buildForwardOperations``: "within a phase, older
