@@ -44,6 +44,7 @@ def _schedule(out: SchedulerOutput, seq: Sequence, n: int) -> None:
 def schedule_reserving(sched: Scheduler, out: SchedulerOutput) -> None:
     """Phases A-C under tokenspeed: prefill work, else the decode batch."""
     config = sched.config
+    sched.ids_held = ()  # TS8: the plan erases the requests that finished before it
     budget = config.max_num_batched_tokens
     running = sched.running
     head_of_line = False

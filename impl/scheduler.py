@@ -116,6 +116,8 @@ class Scheduler:
         #: tokenspeed's plan (impl/reserve_step.py): tokenspeed/reserve-generation,
         #: prefill-first, head-of-line-chunk, skip-not-fit, submission-order
         self.reserves_generation = semantics is Semantics.TOKENSPEED
+        #: tokenspeed/finished-id-held: ids finished in the last step, taken until the next
+        self.ids_held: tuple[str, ...] = ()
         self.policy: Policy = make_policy(config.policy)
         self.policy.bind(config)
         # The policy's on_run/on_leave hooks are called only if it tracks running.
@@ -211,8 +213,8 @@ class Scheduler:
                 f"request {request_id!r}: temperature must be a finite number >= 0, "
                 f"got {temperature!r}"
             )
-        if request_id in self.requests:
-            raise DuplicateRequestError(f"request {request_id!r} is already live")
+        if request_id in self.requests or request_id in self.ids_held:
+            raise DuplicateRequestError(f"request {request_id!r} is already live or held")
         self._check_fits(request_id, len(prompt), max_tokens)
 
     def _check_fits(self, request_id: str, prompt_len: int, max_tokens: int) -> None:
@@ -342,6 +344,8 @@ class Scheduler:
             self.prefix_cache.end()
         if finished:  # transformers/admission-frozen: a finished request unfreezes it
             self.admission_frozen = False
+        if self.reserves_generation:  # tokenspeed/finished-id-held, until the next plan
+            self.ids_held = tuple(f.request_id for f in finished)
         return finished
 
     def rollback(self, out: SchedulerOutput) -> None:
@@ -398,6 +402,7 @@ class Scheduler:
                 free_queue=tuple(cache.free_queue()), cached=tuple(cache.cached())
             ),
             admission_frozen=self.admission_frozen,
+            ids_held=self.ids_held,
         )
 
     def check_invariants(self) -> None:

@@ -21,7 +21,17 @@ if TYPE_CHECKING:
 class Snapshot:
     """Everything a step under this profile may change, to put back on rollback."""
 
-    __slots__ = ("cached", "cpu", "fields", "frozen", "gpu", "running", "swapped", "waiting")
+    __slots__ = (
+        "cached",
+        "cpu",
+        "fields",
+        "frozen",
+        "gpu",
+        "held",
+        "running",
+        "swapped",
+        "waiting",
+    )
 
     def __init__(self, sched: Scheduler) -> None:
         self.running = list(sched.running)
@@ -45,6 +55,7 @@ class Snapshot:
         self.gpu = gpu.snapshot()
         self.cpu = sched.cpu.snapshot()
         self.frozen = sched.admission_frozen
+        self.held = sched.ids_held
         self.cached = sched.num_cached_tokens
 
     def restore(self, sched: Scheduler) -> None:
@@ -66,4 +77,5 @@ class Snapshot:
         gpu.restore(self.gpu)
         sched.cpu.restore(self.cpu)
         sched.admission_frozen = self.frozen
+        sched.ids_held = self.held
         sched.num_cached_tokens = self.cached

@@ -119,8 +119,9 @@ def check_new_request(
     Check 3 (a token id outside the vocabulary) is the engine's: only it knows the
     vocabulary, so the spec accepts any int.
 
-    Check 5 is the profile's ``too_large`` (``never_fits``, or vllm-v1/max-model-len's
-    "prompt >= max_model_len").
+    Check 4 also refuses an id tokenspeed/finished-id-held still holds. Check 5 is the
+    profile's ``too_large`` (``never_fits``, vllm-v1/max-model-len's "prompt >=
+    max_model_len", tokenspeed/submit-refusal's "P + M tokens exceed the cache").
 
     post: not too_large(state.config, prompt_len, params.max_tokens)
     raises: EmptyPromptError, InvalidMaxTokensError, DuplicateRequestError, RequestTooLargeError
@@ -133,6 +134,8 @@ def check_new_request(
         )
     if is_live(state, request_id):
         raise DuplicateRequestError(f"request {request_id!r} is already live")
+    if request_id in state.ids_held:  # tokenspeed/finished-id-held
+        raise DuplicateRequestError(f"request {request_id!r} finished in the last step")
     if too_large(state.config, prompt_len, params.max_tokens):
         config = state.config
         length = model_len(config)

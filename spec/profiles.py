@@ -620,6 +620,19 @@ def submission_order(requests: tuple[RequestState, ...]) -> tuple[RequestState, 
     return tuple(sorted(requests, key=lambda r: r.request.arrival))
 
 
+def held_after_finish(config: SchedulerConfig, finished: tuple[str, ...]) -> tuple[str, ...]:
+    """**tokenspeed/finished-id-held** (TS8): the ids a step's finished requests keep.
+
+    A request that finishes stays in TokenSpeed's ``requests_by_id_`` until the next
+    ``NextExecutionPlan`` erases it (``scheduler/scheduler.cpp``), so until the next step
+    ``SubmitRequests`` refuses its id as a duplicate; an aborted request's id is free at
+    once. kvsched frees an id when its request finishes (R4 check 4).
+
+    post: __return__ == (finished if reserves_generation(config) else ())
+    """
+    return finished if reserves_generation(config) else ()
+
+
 def gpu_blocks_owned(config: SchedulerConfig, request: RequestState, num_cached: int) -> int:
     """R2 by profile: the GPU blocks a running request owns with ``num_cached`` tokens
     cached (its computed count, plus its chunk in the middle of a step).

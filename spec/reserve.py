@@ -83,6 +83,7 @@ def schedule_reserving(state: SchedulerState) -> tuple[SchedulerState, StepPlan]
         running=submission_order((*state.running, *admitted)),  # TS6
         waiting=tuple(r for r in state.waiting if r.request_id not in joined),
         num_free_gpu_blocks=free,
+        ids_held=(),  # TS8: the plan erases the requests finished in the last step
     )
     return mid, StepPlan.of(step=state.num_steps, scheduled=chunks)
 

@@ -47,6 +47,7 @@ from spec.profiles import (
     decode_unbudgeted,
     full_sequence_fits,
     gpu_blocks_owned,
+    held_after_finish,
     key_blocks,
     length_capped,
     next_victim,
@@ -860,6 +861,7 @@ def complete_step(
         num_steps=state_mid.num_steps + 1,
         prefix_cache=cache,
         admission_frozen=admission_frozen_after(state_mid.admission_frozen, False, bool(finished)),
+        ids_held=held_after_finish(state_mid.config, tuple(f.request_id for f in finished)),
     )
     return new_state, replace(
         plan,

@@ -371,6 +371,9 @@ class SchedulerState:
     #: transformers/admission-frozen: an offload happened and no request has finished
     #: since, so no waiting request is a candidate. Always False under other profiles.
     admission_frozen: bool = False
+    #: tokenspeed/finished-id-held: the ids of the requests that finished in the last
+    #: step, still taken until the next step's plan. Always empty under other profiles.
+    ids_held: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

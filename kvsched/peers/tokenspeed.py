@@ -45,7 +45,7 @@ from kvsched.peers.protocol import (
     PeerUnsupportedError,
     make_plan,
 )
-from spec.profiles import tracks_decoding
+from spec.profiles import held_after_finish, tracks_decoding
 from spec.scheduler import TokenOracle
 from spec.types import (
     DuplicateRequestError,
@@ -61,6 +61,7 @@ from spec.types import (
     SchedulerConfig,
     SchedulerState,
     StepPlan,
+    UnknownRequestError,
 )
 
 NAME = "tokenspeed"
@@ -132,6 +133,7 @@ class TokenSpeedAdapter:
         except ValueError as e:
             raise PeerUnsupportedError(f"tokenspeed: {e}") from None
         self.live: dict[str, _Live] = {}  # submission order
+        self.finished_last: tuple[str, ...] = ()  # the last step's finished ids
         self.next_arrival = 0
         self.num_steps = 0
 
@@ -171,6 +173,8 @@ class TokenSpeedAdapter:
         self.next_arrival += 1
 
     def abort_request(self, request_id: str) -> None:
+        if request_id not in self.live:
+            raise UnknownRequestError(f"tokenspeed: no live request {request_id!r}")
         event = self.ts.ForwardEvent.Abort()
         event.request_id = request_id
         self.scheduler.advance(self.ts.ExecutionEvent().add_event(event))
@@ -251,6 +255,7 @@ class TokenSpeedAdapter:
         self.scheduler.advance(events)
         for f in finished:
             del self.live[f.request_id]
+        self.finished_last = tuple(f.request_id for f in finished)
         self._check_counts()
         step = self.num_steps
         self.num_steps += 1
@@ -299,6 +304,11 @@ class TokenSpeedAdapter:
             running=tuple(self._state_of(r) for r in self.live.values() if r.admitted),
             next_arrival=self.next_arrival,
             num_steps=self.num_steps,
+            # The finished ids TokenSpeed still knows (it erases them at the next plan).
+            ids_held=held_after_finish(
+                self.config,
+                tuple(r for r in self.finished_last if self.scheduler.request_token_size(r) >= 0),
+            ),
         )
         return Observation(
             state=state,

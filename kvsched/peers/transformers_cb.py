@@ -65,6 +65,7 @@ from spec.types import (
     SchedulerConfig,
     SchedulerState,
     StepPlan,
+    UnknownRequestError,
 )
 
 NAME = "transformers"
@@ -343,6 +344,8 @@ class TransformersAdapter:
         self.next_arrival += 1
 
     def abort_request(self, request_id: str) -> None:
+        if not self._live(request_id):
+            raise UnknownRequestError(f"transformers: no live request {request_id!r}")
         processor = self.processor
         processor.cancel_queue.put(request_id)
         processor._update_tp_group_state()

@@ -179,3 +179,21 @@ def test_the_stalled_probe_was_a_missing_event_of_the_driver() -> None:
     assert outcome.startswith("stalled"), outcome
     assert (scheduler.waiting_size(), scheduler.available_lcm_blocks()) == (1, 1)
     assert [scheduler.request_token_size(f"r{k}") for k in range(3)] == [8, 8, 6]
+
+
+def test_a_finished_id_is_held_until_the_next_plan() -> None:
+    """TS8: re-adding an id in the step after it finished is refused on both sides, and
+    accepted one step later (an aborted id is free at once: above)."""
+    require_peer("tokenspeed")
+    c = config()
+    lock = Lockstep(make_peer("tokenspeed", c), c, ORACLE)
+    params = SamplingParams(max_tokens=1)
+    lock.add("a", (200, 1), params)
+    lock.step()  # "a" samples its one token and finishes
+    assert lock.state.ids_held == ("a",)
+    assert type(lock.add("a", (201, 1), params)).__name__ == "DuplicateRequestError"
+    lock.step()  # the plan erases it
+    assert lock.add("a", (202, 1), params) is None
+    while lock.unfinished():
+        lock.step()
+    lock.finish()
