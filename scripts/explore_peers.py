@@ -57,7 +57,7 @@ from spec.types import (
     SchedulerConfig,
     Semantics,
 )
-from tests.stateful.prefix import prefix_events
+from tests.stateful.events import prefix_events
 
 ORACLE_VOCAB = 8
 ORACLE = HashOracle(vocab_size=ORACLE_VOCAB)
@@ -205,7 +205,7 @@ def run_with_aborts(
     a random live request (waiting, running or preempted) not aborted before, and
     re-add its id later (its prompt's first token 250, or with ``distinct_readds`` 250 +
     the number of aborts so far, so that no two share a first page). ``events`` collects
-    the prefix-cache events of the steps both sides agreed on (tests/stateful/prefix.py's
+    the prefix-cache events of the steps both sides agreed on (tests/stateful/events.py's
     ``prefix_events``)."""
     lock = Lockstep(peer, config, ORACLE)
     pending = sorted(workload, key=lambda r: r.arrival_step)
