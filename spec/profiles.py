@@ -529,3 +529,38 @@ def gpu_blocks_owned(config: SchedulerConfig, request: RequestState, num_cached:
     if reserves_generation(config):
         return generation_blocks(config, request)
     return cdiv(num_cached, config.block_size)
+
+
+def chunk_blocks(
+    config: SchedulerConfig, request: RequestState, start: int, end: int, *, on_gpu: bool
+) -> int:
+    """R2 by profile, without prefix caching: the new GPU blocks a chunk ``start .. end``
+    of ``request`` takes (Rule P replays a step's chunks with it). ``on_gpu``: the
+    request is running, holding its ``cdiv(start, bs)`` blocks (else it is admitted or
+    swapped in, holding none).
+
+    ``cdiv(end, bs)`` less what it holds; under tokenspeed/reserve-generation an
+    admission takes its whole reserve (``generation_blocks``) and a running request's
+    chunk none.
+
+    pre: 0 <= start <= end
+    pre: len(request.output_token_ids) < request.request.params.max_tokens <= RETRACTION_SAFE_STEPS
+    post: __return__ >= 0
+    """
+    if reserves_generation(config):
+        return 0 if on_gpu else generation_blocks(config, request)
+    bs = config.block_size
+    return cdiv(end, bs) - (cdiv(start, bs) if on_gpu else 0)
+
+
+def progress_judged(config: SchedulerConfig) -> bool:
+    """Whether Rule P (``spec.progress_violations``) holds under the profile: not under
+    transformers, where by design a victim waits idle in steps it fits:
+    transformers/admission-frozen holds every waiting request back after an offload
+    until a request finishes, and outside transformers/safety-margin the walk stops at
+    the first prefill. Its waits are bounded by the drain (docs/semantics.md, "Liveness
+    under the profiles").
+
+    post: __return__ == (not offloads_starved(config))
+    """
+    return not offloads_starved(config)

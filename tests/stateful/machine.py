@@ -69,6 +69,7 @@ from tests.stateful import checks
 from tests.stateful.coverage import RunRecord
 from tests.stateful.events import abort_label, prefix_events, profile_events, step_events
 from tests.stateful.failures import InjectedFault, InvariantViolation, fail, require
+from tests.stateful.offload_reserve_events import refusal_events
 from tests.stateful.sizes import SUPPRESSED
 from tests.stateful.strategies import (
     BAD_REQUESTS,
@@ -553,7 +554,7 @@ class LockstepMachine(RuleBasedStateMachine):
     @needs(also=lambda machine: machine.side.scheduler is not None)
     @checked
     def blocks_conserved(self) -> None:
-        checks.blocks_conserved(self.scheduler(), self.config.block_size)
+        checks.blocks_conserved(self.scheduler())
 
     @invariant()
     @needs(also=lambda machine: machine.side.scheduler is not None)
@@ -855,6 +856,9 @@ class LockstepMachine(RuleBasedStateMachine):
             with self.compared("observe", "rejection_changes_nothing"):
                 self.lock.compare_states()
             self.note(f"reject: {type(refused).__name__}")
+            self.note_all(
+                refusal_events(before, request_id, len(prompt), params.max_tokens, refused)
+            )
             return False
         self.accepted[before.next_arrival] = Accepted(request_id, tuple(prompt), params)
         if params.eos_token_id is not None:
