@@ -8,74 +8,56 @@ function is patched out of the spec (docs/peers.md, "transformers", "TokenSpeed"
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-import spec.offload
-import spec.reserve
 from kvsched.peers import make_peer
 from kvsched.peers.lockstep import Lockstep, run_workload
 from kvsched.workload import read_workload
-from spec.kv import cdiv
 from spec.oracle import HashOracle
-from spec.types import PreemptionMode, RequestState, SchedulerConfig, Semantics
+from spec.types import PreemptionMode, SchedulerConfig, Semantics
 from tests.peers.conftest import require_peer
+from tests.stateful.offload_reserve_events import WITHOUT
 
 REPROS = Path(__file__).parent / "repros"
 ORACLE = HashOracle(vocab_size=8)
 SWAP = PreemptionMode.SWAP
 
 
-def _all_starved(needs: list[int], held: list[int], free: int, num_active: int) -> int:
-    return min(len(needs), num_active - 1)
-
-
-def _no_reserve(config: SchedulerConfig, request: RequestState) -> int:
-    return cdiv(request.num_tokens, config.block_size)
-
-
-# (rule, peer, repro, config fields, module, function, its stand-in without the rule,
-#  the step the peer and the patched spec part at)
-RULES: list[tuple[str, str, str, dict[str, Any], Any, str, Callable[..., Any], int]] = [
+# (rule, peer, repro, config fields, the step the peer and the spec without the rule part
+#  at); the rule's function and its stand-in: ``WITHOUT[rule]``
+RULES: list[tuple[str, str, str, dict[str, Any], int]] = [
     ("transformers/safety-margin", "transformers", "tf_safety_margin",
      {"num_gpu_blocks": 3, "block_size": 16, "max_num_batched_tokens": 6, "max_num_seqs": 6,
-      "preemption_mode": SWAP, "num_cpu_blocks": 6},
-     spec.offload, "in_safety_margin", lambda config, free: True, 4),
+      "preemption_mode": SWAP, "num_cpu_blocks": 6}, 4),
     ("transformers/skip-not-fit", "transformers", "tf_skip_not_fit",
      {"num_gpu_blocks": 2, "block_size": 8, "max_num_batched_tokens": 20, "max_num_seqs": 5,
-      "preemption_mode": SWAP, "num_cpu_blocks": 3},
-     spec.offload, "skips_unfit", lambda config: False, 5),
+      "preemption_mode": SWAP, "num_cpu_blocks": 3}, 5),
     ("transformers/offload-starved", "transformers", "tf_offload_newest_starved",
-     {"num_gpu_blocks": 3, "block_size": 5, "max_num_batched_tokens": 47, "max_num_seqs": 5},
-     spec.offload, "num_offloaded", _all_starved, 7),
+     {"num_gpu_blocks": 3, "block_size": 5, "max_num_batched_tokens": 47, "max_num_seqs": 5}, 7),
     ("transformers/offloaded-interleaved", "transformers", "tf_offloaded_interleaved",
      {"num_gpu_blocks": 4, "block_size": 5, "max_num_batched_tokens": 20, "max_num_seqs": 6,
-      "preemption_mode": SWAP, "num_cpu_blocks": 8},
-     spec.offload, "interleave_offloaded", lambda swapped, waiting: (*swapped, *waiting), 16),
+      "preemption_mode": SWAP, "num_cpu_blocks": 8}, 16),
     ("transformers/admission-frozen", "transformers", "tf_admission_frozen",
-     {"num_gpu_blocks": 2, "block_size": 5, "max_num_batched_tokens": 17, "max_num_seqs": 2},
-     spec.offload, "admission_frozen_after", lambda frozen, offloaded, finished: False, 5),
+     {"num_gpu_blocks": 2, "block_size": 5, "max_num_batched_tokens": 17, "max_num_seqs": 2}, 5),
     ("tokenspeed/reserve-generation", "tokenspeed", "ts_reserve_generation",
-     {"num_gpu_blocks": 4, "block_size": 1, "max_num_batched_tokens": 16, "max_num_seqs": 5},
-     spec.reserve, "generation_blocks", _no_reserve, 5),
+     {"num_gpu_blocks": 4, "block_size": 1, "max_num_batched_tokens": 16, "max_num_seqs": 5}, 5),
     ("tokenspeed/skip-not-fit", "tokenspeed", "ts_skip_not_fit",
-     {"num_gpu_blocks": 5, "block_size": 1, "max_num_batched_tokens": 40, "max_num_seqs": 6},
-     spec.reserve, "skips_unfit", lambda config: False, 1),
+     {"num_gpu_blocks": 5, "block_size": 1, "max_num_batched_tokens": 40, "max_num_seqs": 6}, 1),
     ("tokenspeed/submission-order", "tokenspeed", "ts_submission_order",
-     {"num_gpu_blocks": 4, "block_size": 8, "max_num_batched_tokens": 5, "max_num_seqs": 5},
-     spec.reserve, "submission_order", tuple, 11),
+     {"num_gpu_blocks": 4, "block_size": 8, "max_num_batched_tokens": 5, "max_num_seqs": 5}, 11),
 ]  # fmt: skip
 
 
 @pytest.mark.parametrize("case", RULES, ids=[r[0] for r in RULES])
 def test_the_rule_makes_the_spec_agree(
     monkeypatch: pytest.MonkeyPatch,
-    case: tuple[str, str, str, dict[str, Any], Any, str, Callable[..., Any], int],
+    case: tuple[str, str, str, dict[str, Any], int],
 ) -> None:
-    rule, peer, repro, fields, module, name, without, step = case
+    rule, peer, repro, fields, step = case
+    module, name, without = WITHOUT[rule]
     require_peer(peer)
     config = SchedulerConfig(**fields, semantics=Semantics(peer))
     workload = read_workload(REPROS / f"{repro}.jsonl")

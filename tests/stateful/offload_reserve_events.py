@@ -77,11 +77,14 @@ STEP_RULES: dict[Semantics, tuple[str, ...]] = {
 }
 
 
+def decisions(mid: SchedulerState, plan: StepPlan) -> tuple[object, ...]:
+    """What a step decided: its chunks, victims and swap-ins, and the queues' order."""
+    queues = tuple(tuple(r.request_id for r in q) for q in (mid.waiting, mid.running, mid.swapped))
+    return plan.scheduled, plan.preempted, plan.swapped_in, queues
+
+
 def _decided(state: SchedulerState) -> tuple[object, ...]:
-    """What a step decides: its plan and the queues' order after it."""
-    mid, plan = spec.schedule(state)
-    queues = (mid.waiting, mid.running, mid.swapped)
-    return plan, tuple(tuple(r.request_id for r in q) for q in queues)
+    return decisions(*spec.schedule(state))
 
 
 def differs_without(rule: str, before: SchedulerState, decided: tuple[object, ...]) -> bool:
@@ -110,8 +113,7 @@ def offload_reserve_events(
     rules = STEP_RULES.get(config.semantics)
     if rules is None:
         return
-    queues = (mid.waiting, mid.running, mid.swapped)
-    decided = (plan, tuple(tuple(r.request_id for r in q) for q in queues))
+    decided = decisions(mid, plan)
     for rule in rules:
         if differs_without(rule, before, decided):
             yield f"{rule}: the step differs without it"
