@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from kvsched.demo import KV_SLOTS, NUM_REQUESTS, seed_workload
 from kvsched.peers import make_peer
 from kvsched.peers.lockstep import Lockstep, run_workload
 from kvsched.workload import read_workload
@@ -93,3 +94,31 @@ def test_tokenspeed_prefill_first_and_head_of_line() -> None:
         [("r2", 1, 1)],
         [("r0", 7, 1), ("r1", 2, 1), ("r2", 2, 1)],
     ]
+
+
+# The seed's workload (kvsched/demo.py: 8 requests of 5 + 8 tokens, 20 KV slots) under
+# each profile's constraints: transformers with pages of 4 (5 pages, a CPU pool of 5 under
+# swap), TokenSpeed with its blocks of 1.
+SEED_CONFIGS = {
+    "transformers-recompute": ("transformers", {"block_size": 4, "num_gpu_blocks": 5}),
+    "transformers-swap": (
+        "transformers",
+        {"block_size": 4, "num_gpu_blocks": 5, "preemption_mode": SWAP, "num_cpu_blocks": 5},
+    ),
+    "tokenspeed": ("tokenspeed", {"block_size": 1, "num_gpu_blocks": KV_SLOTS}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SEED_CONFIGS))
+def test_the_seed_workload_agrees(name: str) -> None:
+    """Every step of the seed's workload agrees with the peer, and it preempts (but
+    under TokenSpeed, which reserves each request's generation and preempts nothing)."""
+    peer, fields = SEED_CONFIGS[name]
+    require_peer(peer)
+    config = SchedulerConfig(
+        **fields, max_num_seqs=NUM_REQUESTS, semantics=Semantics(peer), enable_chunked_prefill=True
+    )
+    report = run_workload(make_peer(peer, config), config, seed_workload(), ORACLE)
+    assert report.divergence is None, report.divergence
+    assert report.num_requests == NUM_REQUESTS and report.num_rejected == 0
+    assert (report.preemptions > 0) == (peer == "transformers"), report
