@@ -115,7 +115,8 @@ class Scheduler:
         #: tokenspeed's plan (impl/reserve_step.py): tokenspeed/reserve-generation,
         #: prefill-first, head-of-line-chunk, skip-not-fit, submission-order
         self.reserves_generation = semantics is Semantics.TOKENSPEED
-        #: tokenspeed/finished-id-held: ids finished in the last step, taken until the next
+        #: tokenspeed/finished-id-held: ids finished in the last step or aborted since,
+        #: taken until the next plan
         self.ids_held: tuple[str, ...] = ()
         self.policy: Policy = make_policy(config.policy)
         self.policy.bind(config)
@@ -274,6 +275,8 @@ class Scheduler:
             self.waiting.remove(seq)
         del self.requests[request_id]
         seq.status = _FINISHED
+        if self.reserves_generation:  # tokenspeed/finished-id-held, until the next plan
+            self.ids_held = (*self.ids_held, request_id)
         return seq.to_finished(FinishReason.ABORTED)
 
     def has_unfinished_requests(self) -> bool:

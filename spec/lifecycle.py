@@ -16,7 +16,7 @@ from spec.invariants import check_state  # noqa: F401  (used by the PEP 316 cont
 from spec.kv import blocks_held
 from spec.policies import get_policy
 from spec.prefix_cache import holders, release_blocks
-from spec.profiles import gpu_blocks_owned, model_len, too_large
+from spec.profiles import gpu_blocks_owned, held_after_finish, model_len, too_large
 from spec.types import (
     ConfigError,  # noqa: F401  (named by a contract's raises:)
     DuplicateRequestError,
@@ -297,4 +297,7 @@ def abort_request(state: SchedulerState, request_id: str) -> tuple[SchedulerStat
         finish_reason=FinishReason.ABORTED,
         num_preemptions=request.num_preemptions,
     )
+    held = held_after_finish(state.config, (request_id,))  # until the next plan
+    if held:
+        new_state = replace(new_state, ids_held=(*state.ids_held, *held))
     return new_state, finished

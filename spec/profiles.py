@@ -504,12 +504,14 @@ def submission_order(requests: tuple[RequestState, ...]) -> tuple[RequestState, 
 
 
 def held_after_finish(config: SchedulerConfig, finished: tuple[str, ...]) -> tuple[str, ...]:
-    """**tokenspeed/finished-id-held** (TS8): the ids a step's finished requests keep.
+    """**tokenspeed/finished-id-held** (TS8): the ids that ``finished`` requests keep (a
+    step's finished ones, or one aborted).
 
-    A request that finishes stays in TokenSpeed's ``requests_by_id_`` until the next
-    ``NextExecutionPlan`` erases it (``scheduler/scheduler.cpp``), so until the next step
-    ``SubmitRequests`` refuses its id as a duplicate; an aborted request's id is free at
-    once. kvsched frees an id when its request finishes (R4 check 4).
+    A request that finishes, or is aborted (waiting, prefilling or decoding alike), stays
+    in TokenSpeed's ``requests_by_id_`` until the next ``NextExecutionPlan`` erases it
+    (``scheduler/scheduler.cpp``), so until the next step ``SubmitRequests`` refuses its
+    id as a duplicate. kvsched frees an id when its request finishes or is aborted (R4
+    check 4).
 
     post: __return__ == (finished if reserves_generation(config) else ())
     """

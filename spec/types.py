@@ -372,7 +372,8 @@ class SchedulerState:
     #: since, so no waiting request is a candidate. Always False under other profiles.
     admission_frozen: bool = False
     #: tokenspeed/finished-id-held: the ids of the requests that finished in the last
-    #: step, still taken until the next step's plan. Always empty under other profiles.
+    #: step or were aborted since, still taken until the next step's plan. Always empty
+    #: under other profiles.
     ids_held: tuple[str, ...] = ()
 
 

@@ -134,6 +134,7 @@ class TokenSpeedAdapter:
             raise PeerUnsupportedError(f"tokenspeed: {e}") from None
         self.live: dict[str, _Live] = {}  # submission order
         self.finished_last: tuple[str, ...] = ()  # the last step's finished ids
+        self.aborted_since: list[str] = []  # the ids aborted since the last plan
         self.next_arrival = 0
         self.num_steps = 0
 
@@ -179,6 +180,7 @@ class TokenSpeedAdapter:
         event.request_id = request_id
         self.scheduler.advance(self.ts.ExecutionEvent().add_event(event))
         del self.live[request_id]
+        self.aborted_since.append(request_id)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.live)
@@ -256,6 +258,7 @@ class TokenSpeedAdapter:
         for f in finished:
             del self.live[f.request_id]
         self.finished_last = tuple(f.request_id for f in finished)
+        self.aborted_since = []
         self._check_counts()
         step = self.num_steps
         self.num_steps += 1
@@ -304,10 +307,15 @@ class TokenSpeedAdapter:
             running=tuple(self._state_of(r) for r in self.live.values() if r.admitted),
             next_arrival=self.next_arrival,
             num_steps=self.num_steps,
-            # The finished ids TokenSpeed still knows (it erases them at the next plan).
+            # The finished and aborted ids TokenSpeed still knows (it erases them at the
+            # next plan).
             ids_held=held_after_finish(
                 self.config,
-                tuple(r for r in self.finished_last if self.scheduler.request_token_size(r) >= 0),
+                tuple(
+                    r
+                    for r in (*self.finished_last, *self.aborted_since)
+                    if self.scheduler.request_token_size(r) >= 0
+                ),
             ),
         )
         return Observation(

@@ -99,7 +99,7 @@ def test_tokenspeed_prefill_first_and_head_of_line() -> None:
 # The seed's workload (kvsched/demo.py: 8 requests of 5 + 8 tokens, 20 KV slots) under
 # each profile's constraints: transformers with pages of 4 (5 pages, a CPU pool of 5 under
 # swap), TokenSpeed with its blocks of 1.
-SEED_CONFIGS = {
+SEED_CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
     "transformers-recompute": ("transformers", {"block_size": 4, "num_gpu_blocks": 5}),
     "transformers-swap": (
         "transformers",

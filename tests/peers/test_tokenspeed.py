@@ -78,7 +78,7 @@ def test_aborts_in_every_state_and_id_reuse() -> None:
         lock.step()
     lock.abort(next(r.request_id for r in lock.state.running if r.decoding))  # sampled
     lock.compare_states()
-    lock.add("r0", (210, 1, 2), SamplingParams(max_tokens=2))  # an aborted id is free at once
+    lock.add("r0", (210, 1, 2), SamplingParams(max_tokens=2))  # free again: plans since
     while lock.unfinished():
         lock.step()
     lock.finish()
@@ -183,7 +183,7 @@ def test_the_stalled_probe_was_a_missing_event_of_the_driver() -> None:
 
 def test_a_finished_id_is_held_until_the_next_plan() -> None:
     """TS8: re-adding an id in the step after it finished is refused on both sides, and
-    accepted one step later (an aborted id is free at once: above)."""
+    accepted one step later."""
     require_peer("tokenspeed")
     c = config()
     lock = Lockstep(make_peer("tokenspeed", c), c, ORACLE)
@@ -194,6 +194,28 @@ def test_a_finished_id_is_held_until_the_next_plan() -> None:
     assert type(lock.add("a", (201, 1), params)).__name__ == "DuplicateRequestError"
     lock.step()  # the plan erases it
     assert lock.add("a", (202, 1), params) is None
+    while lock.unfinished():
+        lock.step()
+    lock.finish()
+
+
+@pytest.mark.parametrize("state", ["waiting", "prefilling", "decoding"])
+def test_an_aborted_id_is_held_until_the_next_plan(state: str) -> None:
+    """TS8 for an abort (found by TokenSpeedMachine): the id is refused on both sides
+    until the next plan, in every state the request was aborted in."""
+    require_peer("tokenspeed")
+    c = config(max_num_batched_tokens=2)
+    lock = Lockstep(make_peer("tokenspeed", c), c, ORACLE)
+    lock.add("a", (200, 1, 2), SamplingParams(max_tokens=4))
+    for _ in range({"waiting": 0, "prefilling": 1, "decoding": 3}[state]):
+        lock.step()
+    lock.abort("a")
+    assert lock.state.ids_held == ("a",)
+    params = SamplingParams(max_tokens=1)
+    assert type(lock.add("a", (201, 1), params)).__name__ == "DuplicateRequestError"
+    lock.add("b", (202, 1), params)
+    lock.step()  # the plan erases it
+    assert lock.add("a", (203, 1), params) is None
     while lock.unfinished():
         lock.step()
     lock.finish()

@@ -142,4 +142,4 @@ def refusal_events(
     ):
         yield "tokenspeed/submit-refusal: refused a request kvsched's R4 accepts"
     if isinstance(refused, DuplicateRequestError) and request_id in state.ids_held:
-        yield "tokenspeed/finished-id-held: the id of a request finished last step refused"
+        yield "tokenspeed/finished-id-held: a finished or aborted id refused before the next plan"

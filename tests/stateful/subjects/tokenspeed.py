@@ -53,7 +53,7 @@ TOKENSPEED_RULE_EVENTS: Final = frozenset(
         "tokenspeed/submission-order: the step differs without it",
         "tokenspeed/prefill-first: a prefill step with decoding requests left out",
         "tokenspeed/submit-refusal: refused a request kvsched's R4 accepts",
-        "tokenspeed/finished-id-held: the id of a request finished last step refused",
+        "tokenspeed/finished-id-held: a finished or aborted id refused before the next plan",
     }
 )
 
