@@ -1179,7 +1179,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("-k", dest="select", action="append", default=[], help="name filter")
     parser.add_argument(
         "--machines",
-        default="scheduler,engine,prefix-scheduler,prefix-engine",
+        default=(
+            "scheduler,engine,prefix-scheduler,prefix-engine,"
+            "transformers-scheduler,tokenspeed-scheduler,transformers,tokenspeed"
+        ),
         help=(
             "comma-separated, in order (default all; each mutant runs on the machines that "
             "run its code, the engine ones only if the fast one misses it)"
