@@ -19,8 +19,8 @@ from spec.prefix_cache import grow, longest_hit, num_evictable, request_tokens
 from spec.profiles import (
     chunk_blocks,
     full_sequence_fits,
+    liveness_proved,
     prefill_first,
-    progress_judged,
     running_capped,
     whole_sequence_admissible,
 )
@@ -333,7 +333,7 @@ def progress_violations(before: SchedulerState, plan: StepPlan) -> tuple[str, ..
     """
     config = before.config
     nano = prefill_first(config)
-    if (plan.preempted and not nano) or not progress_judged(config):
+    if (plan.preempted and not nano) or not liveness_proved(config):
         return ()
     num_back = len(plan.swapped_in)
     running = {r.request_id for r in before.running}

@@ -47,7 +47,7 @@ import spec
 from impl.scheduler import Scheduler
 from kvsched.peers.known import KnownBug
 from kvsched.peers.lockstep import Advance, Diverged, Divergence, Lockstep, describe
-from spec.profiles import too_large
+from spec.profiles import liveness_proved, too_large
 from spec.types import (
     DuplicateRequestError,
     EmptyPromptError,
@@ -605,7 +605,9 @@ class LockstepMachine(RuleBasedStateMachine):
             self.lock.finish()
         lifo_bound = spec.drain_step_bound(start)
         policy = self.config.policy
-        if policy != "lifo" and lifo_bound > 0:  # the ratio for the others
+        proved = liveness_proved(self.config)  # transformers: the ratio under its name
+        if (policy != "lifo" or not proved) and lifo_bound > 0:  # the ratio for the others
+            policy = policy if proved else str(self.config.semantics)
             ratio = steps / lifo_bound
             ratios = self.record.stats.max_drain_ratio
             ratios[policy] = max(ratios.get(policy, 0.0), ratio)
