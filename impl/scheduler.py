@@ -213,8 +213,12 @@ class Scheduler:
                 f"request {request_id!r}: temperature must be a finite number >= 0, "
                 f"got {temperature!r}"
             )
-        if request_id in self.requests or request_id in self.ids_held:
-            raise DuplicateRequestError(f"request {request_id!r} is already live or held")
+        if request_id in self.requests:
+            raise DuplicateRequestError(f"request {request_id!r} is already live")
+        if request_id in self.ids_held:  # tokenspeed/finished-id-held
+            raise DuplicateRequestError(
+                f"request {request_id!r} has just finished: its id is held until the next plan"
+            )
         self._check_fits(request_id, len(prompt), max_tokens)
 
     def _check_fits(self, request_id: str, prompt_len: int, max_tokens: int) -> None:
