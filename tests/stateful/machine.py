@@ -378,6 +378,20 @@ class LockstepMachine(RuleBasedStateMachine):
         first = self.sent[pick % len(self.sent)]
         return multiple(*self.send([first.prompt], first.params))
 
+    @needs("caching", also=lambda machine: bool(machine.decoding()))
+    @rule(target=REQUESTS, pick=st.integers(0, 2**16))
+    @checked_adds
+    def resend_decoding(self, pick: int) -> MultipleResults[str]:
+        """The prompt of a request now decoding, again (a second user asks the same thing
+        mid-answer): the copy hits the blocks the first holds, and its decodes fill
+        blocks with the keys the first's decodes gave theirs (nano-vllm/last-key-wins
+        moves each key). ``resend`` alone rarely meets this: a request decodes for a few
+        steps only."""
+        decoding = self.decoding()
+        first = decoding[pick % len(decoding)].request
+        self.note("add: resent while its first copy decodes")
+        return multiple(*self.send([first.prompt_token_ids], first.params))
+
     @needs("caching", also=lambda machine: bool(machine.sent))
     @rule(target=REQUESTS, pick=st.integers(0, 2**16), turns=st.integers(1, 8))
     @checked_adds
@@ -483,6 +497,20 @@ class LockstepMachine(RuleBasedStateMachine):
                 if abort_victim:
                     swapped = [p for p in plan.preempted if p.mode is PreemptionMode.SWAP]
                     self.abort_id((swapped or list(plan.preempted))[-1].request_id)
+                return
+
+    @needs()
+    @rule(limit=st.integers(1, 20))
+    @checked
+    def run_until_prefilling(self, limit: int) -> None:
+        """Step until a running request is in the middle of a chunked prefill, then abort
+        it: a chunked prefill ends in a few chunks, so ``abort_prefilling`` (enabled only
+        while one lasts) is rarely drawn in time."""
+        for _ in range(limit):
+            self.do_step()
+            partial = self.prefilling()
+            if partial:
+                self.abort_id(partial[-1].request_id)
                 return
 
     # --- rules: faults (one per kind: Hypothesis picks rules evenly, and swarm testing
@@ -617,19 +645,21 @@ class LockstepMachine(RuleBasedStateMachine):
 
     def check_drained(self) -> None:
         """What must hold once nothing is live: every accepted request finished (or was
-        aborted), our pools are empty, every output is its request's solo output."""
+        aborted), the pools are whole (the spec's, and ours where the subject is our
+        scheduler), every output is its request's solo output, and the side's own checks
+        (``Side.check_drained``)."""
         missing = sorted(
             (a.request_id, arrival)
             for arrival, a in self.accepted.items()
             if arrival not in self.outcomes
         )
         require(not missing, "all_finished", lambda: f"accepted but never finished: {missing}")
-        if self.side.scheduler is not None:
-            checks.pools_empty_after_drain(self.side.scheduler)
+        checks.pools_empty_after_drain(self.lock.state, self.side.scheduler)
         for arrival, finished in sorted(self.outcomes.items()):
             accepted = self.accepted[arrival]
             solo = self.side.solo(accepted.prompt, accepted.params)
             checks.outputs_match_solo(self.config, accepted.prompt, finished, solo)
+        self.side.check_drained()
 
     # --- a differential step ---------------------------------------------------------------
 
@@ -749,6 +779,13 @@ class LockstepMachine(RuleBasedStateMachine):
 
     def preempted_waiting(self) -> tuple[RequestState, ...]:
         return tuple(r for r in self.lock.state.waiting if r.num_preemptions)
+
+    def decoding(self) -> tuple[RequestState, ...]:
+        return tuple(
+            r
+            for r in self.lock.state.running
+            if r.num_computed_tokens >= len(r.request.prompt_token_ids)
+        )
 
     def prefilling(self) -> tuple[RequestState, ...]:
         return tuple(r for r in self.lock.state.running if r.num_tokens - r.num_computed_tokens > 1)
