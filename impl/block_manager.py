@@ -164,6 +164,15 @@ class BlockManager:
         for _ in range(n):
             is_free[free.pop()] = 0
 
+    def snapshot(self) -> tuple[list[int], bytes]:
+        """The free list, in order, for ``restore`` (a whole-step rollback)."""
+        return list(self._free), bytes(self._is_free)
+
+    def restore(self, saved: tuple[list[int], bytes]) -> None:
+        """Put the free list back as ``snapshot`` saw it."""
+        self._free = deque(saved[0])
+        self._is_free = bytearray(saved[1])
+
     # --- the caching questions, for a pool that caches nothing ---------------------------
 
     def lookup(self, seq: Sequence) -> list[int]:

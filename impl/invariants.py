@@ -12,6 +12,7 @@ from collections import Counter
 from typing import TYPE_CHECKING
 
 from impl.block_manager import cdiv
+from impl.reserve_step import reserve_blocks
 from impl.sequence import Sequence, SequenceStatus
 
 if TYPE_CHECKING:
@@ -46,6 +47,8 @@ def check_invariants(sched: Scheduler) -> None:
             else:
                 assert 1 <= seq.num_computed < seq.num_tokens, seq
                 owned = cdiv(seq.num_computed, bs)
+                if status is _RUNNING and sched.reserves_generation:
+                    owned = reserve_blocks(seq, bs)  # tokenspeed/reserve-generation
                 if status is _RUNNING:
                     assert len(seq.block_table) == owned and not seq.cpu_block_table, seq
                     cached += seq.num_computed

@@ -381,6 +381,10 @@ def finish_all(
     ``commit``'s loop carries no index for the steps (most of them) where none finishes.
     """
     finished = [finish(sched, seq) for seq in finishing]
+    if sched.offloads_starved or sched.reserves_generation:  # chunks not a run of running
+        for seq in finishing:
+            sched.running.remove(seq)
+        return finished
     scheduled = out.scheduled
     positions: list[int] = []
     index = 0

@@ -38,7 +38,7 @@ from collections.abc import Callable
 from collections.abc import Sequence as SequenceABC
 from dataclasses import replace
 
-from impl import phases
+from impl import offload_step, phases, reserve_step
 from impl.block_manager import BlockManager, BlockPool, cdiv
 from impl.invariants import check_invariants
 from impl.plan import make_plan
@@ -48,6 +48,7 @@ from impl.queues import WaitingQueue
 from impl.rollback import rollback
 from impl.scheduler_output import SchedulerOutput
 from impl.sequence import Sequence, SequenceStatus
+from impl.snapshot import Snapshot
 from spec.types import (
     DuplicateRequestError,
     EmptyPromptError,
@@ -116,6 +117,17 @@ class Scheduler:
         self.victim_any_running = semantics is Semantics.VLLM_V1 and config.policy == "priority"
         #: nano-vllm/admission-tests-len-seq
         self.whole_sequence_gate = semantics is Semantics.NANO_VLLM
+        #: transformers/offload-starved and the rest of the transformers rules: the step
+        #: is impl/offload_step.py's
+        self.offloads_starved = semantics is Semantics.TRANSFORMERS
+        #: transformers/admission-frozen: no waiting request is a candidate
+        self.admission_frozen = False
+        #: tokenspeed's plan (impl/reserve_step.py): tokenspeed/reserve-generation,
+        #: prefill-first, head-of-line-chunk, skip-not-fit, submission-order
+        self.reserves_generation = semantics is Semantics.TOKENSPEED
+        #: tokenspeed/finished-id-held: ids finished in the last step or aborted since,
+        #: taken until the next plan
+        self.ids_held: tuple[str, ...] = ()
         self.policy: Policy = make_policy(config.policy)
         self.policy.bind(config)
         # The policy's on_run/on_leave hooks are called only if it tracks running.
@@ -215,6 +227,10 @@ class Scheduler:
             )
         if request_id in self.requests:
             raise DuplicateRequestError(f"request {request_id!r} is already live")
+        if request_id in self.ids_held:  # tokenspeed/finished-id-held
+            raise DuplicateRequestError(
+                f"request {request_id!r} has just finished: its id is held until the next plan"
+            )
         self._check_fits(request_id, len(prompt), max_tokens)
 
     def _check_fits(self, request_id: str, prompt_len: int, max_tokens: int) -> None:
@@ -223,8 +239,17 @@ class Scheduler:
         vllm-v1/max-model-len replaces it: a prompt of ``max_model_len`` tokens or more is
         refused (vLLM's front end); the profile's config makes the rest fit.
         vllm-v0/max-model-len: a prompt longer than ``max_model_len``.
+        tokenspeed/submit-refusal: prompt plus ``max_tokens`` over the whole cache.
         """
         config = self.config
+        if self.reserves_generation:
+            # tokenspeed/submit-refusal: its reserve, prompt + max_tokens, exceeds the cache.
+            if prompt_len + max_tokens > config.num_gpu_blocks * config.block_size:
+                raise RequestTooLargeError(
+                    f"request {request_id!r}: {prompt_len} + {max_tokens} tokens exceed the "
+                    f"{config.num_gpu_blocks} blocks of {config.block_size}"
+                )
+            return
         length = self.max_model_len
         if length is not None:
             if prompt_len > length or (prompt_len == length and not self.prompt_may_fill_model_len):
@@ -270,6 +295,8 @@ class Scheduler:
             self.waiting.remove(seq)
         del self.requests[request_id]
         seq.status = _FINISHED
+        if self.reserves_generation:  # tokenspeed/finished-id-held, until the next plan
+            self.ids_held = (*self.ids_held, request_id)
         return seq.to_finished(FinishReason.ABORTED)
 
     def has_unfinished_requests(self) -> bool:
@@ -284,6 +311,18 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         """Phases A-C of one step (R5-R8); on any error the partial work is undone."""
         out = SchedulerOutput(self.num_steps, self.num_cached_tokens)
+        if self.offloads_starved or self.reserves_generation:
+            out.snapshot = Snapshot(self)
+            try:
+                if self.offloads_starved:
+                    offload_step.schedule_offloading(self, out)
+                else:
+                    reserve_step.schedule_reserving(self, out)
+            except BaseException:
+                self.rollback(out)
+                raise
+            out.num_batched_tokens = sum(out.num_scheduled)
+            return out
         self.gpu.begin()
         budget = self.config.max_num_batched_tokens
         admit_first = self.prefill_first or (self.prefill_first_unless_swapped and not self.swapped)
@@ -329,10 +368,18 @@ class Scheduler:
         """
         finished = phases.commit(self, out, sampled_token_ids)
         self.gpu.end()
+        if finished:  # transformers/admission-frozen: a finished request unfreezes it
+            self.admission_frozen = False
+        if self.reserves_generation:  # tokenspeed/finished-id-held, until the next plan
+            self.ids_held = tuple(f.request_id for f in finished)
         return finished
 
     def rollback(self, out: SchedulerOutput) -> None:
         """Undo ``schedule()`` exactly (``impl/rollback.py``); only before ``commit``."""
+        if out.snapshot is not None:  # transformers, tokenspeed: the whole state back
+            out.snapshot.restore(self)
+            out.clear()
+            return
         rollback(self, out)
 
     # --- the step as a whole ------------------------------------------------------------
@@ -376,6 +423,8 @@ class Scheduler:
             next_arrival=self.next_arrival,
             num_steps=self.num_steps,
             prefix_cache=pool,
+            admission_frozen=self.admission_frozen,
+            ids_held=self.ids_held,
         )
 
     def check_invariants(self) -> None:

@@ -8,8 +8,13 @@ forward fails, ``impl/rollback.py`` walks it backwards.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from impl.sequence import Sequence
 from spec.types import PreemptionMode
+
+if TYPE_CHECKING:
+    from impl.snapshot import Snapshot
 
 
 class PreemptionRecord:
@@ -77,6 +82,7 @@ class SchedulerOutput:
         "sampled_ids",
         "sampled_token_ids",
         "scheduled",
+        "snapshot",
         "starts",
         "step",
         "swap_in",
@@ -108,6 +114,19 @@ class SchedulerOutput:
         self.starts: list[int] = []
         self.sampled_ids: list[str] = []
         self.sampled_token_ids: tuple[int, ...] = ()
+        #: the transformers and tokenspeed steps: the state before, which rollback restores
+        self.snapshot: Snapshot | None = None
+
+    def clear(self) -> None:
+        """Forget the step's decisions (after its state was rolled back)."""
+        self.scheduled = []
+        self.num_scheduled.clear()
+        self.num_samples = 0
+        self.num_admitted = 0
+        self.preempted.clear()
+        self.swapped_in.clear()
+        self.swap_out.clear()
+        self.swap_in.clear()
 
     def every_chunk_samples(self) -> bool:
         """Every chunk reaches its request's last token: the scheduled requests all sample."""

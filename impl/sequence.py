@@ -42,6 +42,7 @@ class Sequence:
         "block_nodes",
         "block_table",
         "cpu_block_table",
+        "decoding",
         "eos_token_id",
         "num_computed",
         "num_preemptions",
@@ -86,6 +87,8 @@ class Sequence:
         self.block_hashes: list[int] = []
         self.block_nodes: list[Node] = []
         self.status = SequenceStatus.WAITING
+        # transformers, tokenspeed: its (re)prefill is scheduled to the end (DECODING).
+        self.decoding = False
         # Stored position in the waiting queue for policies that keep a heap.
         self.queue_key = 0
 
@@ -100,6 +103,7 @@ class Sequence:
             output_token_ids=self.output_token_ids,
             num_computed_tokens=self.num_computed,
             num_preemptions=self.num_preemptions,
+            decoding=self.decoding,
         )
 
     def to_finished(self, reason: FinishReason) -> FinishedRequest:

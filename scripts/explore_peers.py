@@ -115,7 +115,11 @@ def draw(
 ) -> tuple[SchedulerConfig, list[WorkloadRequest]]:
     nano = peer == "nano-vllm" or semantics is Semantics.NANO_VLLM
     v0 = peer == "vllm-v0" or semantics is Semantics.VLLM_V0
-    block_size = rng.choice([2, 3, 4, 8, 16] if nano else [1, 2, 3, 4, 8, 16])
+    tf = peer == "transformers" or semantics is Semantics.TRANSFORMERS
+    tsd = peer == "tokenspeed" or semantics is Semantics.TOKENSPEED
+    block_size = rng.choice(
+        [4, 5, 8, 16] if tf else [2, 3, 4, 8, 16] if nano else [1, 2, 3, 4, 8, 16]
+    )
     max_prompt, max_tokens = rng.randint(1, 24), rng.randint(1, 16)
     max_num_seqs = rng.randint(1, 6)
     budget = rng.randint(max_num_seqs, 48)
@@ -129,8 +133,10 @@ def draw(
             prompt = shared[i]
         else:
             prompt = [rng.randrange(1, 200) for _ in range(rng.randint(1, max_prompt))]
-        if nano and not shared_prefix:
-            prompt[0] = 200 + i  # distinct first tokens: no prefix-cache hit
+        if (nano or tsd) and not shared_prefix:
+            # Distinct first tokens: no prefix-cache hit (nano-vllm), no page that
+            # TokenSpeed de-duplicates when it publishes a prompt's pages (TS7).
+            prompt[0] = 200 + i
         params = SamplingParams(
             max_tokens=rng.randint(1, max_tokens),
             eos_token_id=eos,
@@ -163,6 +169,12 @@ def draw(
         if rng.random() < 0.3:  # vllm-v0/max-model-len below the profile's largest
             usable = (blocks - blocks // 100) * block_size
             model_len = rng.randint(1, min(budget, usable))
+    if tsd:
+        chunked = True
+    if tf:  # always chunked; CPU offload (swap) half the time, into a pool of 0-2x the GPU's
+        chunked = True
+        if rng.random() < 0.5:
+            mode, cpu_blocks = PreemptionMode.SWAP, rng.randint(0, 2 * blocks)
     config = SchedulerConfig(
         num_gpu_blocks=blocks,
         block_size=block_size,
@@ -209,11 +221,14 @@ def run_with_aborts(
     p_abort: float,
     *,
     events: set[str] | None = None,
+    distinct_readds: bool = False,
 ) -> LockstepReport:
     """Like ``run_workload``, plus: before each step, with probability ``p_abort``, abort
     a random live request (waiting, running or preempted) not aborted before, and
-    re-add its id later. ``events`` collects the prefix-cache events of the steps both
-    sides agreed on (tests/stateful/events.py's ``prefix_events``)."""
+    re-add its id later (its prompt's first token 250, or with ``distinct_readds`` 250 +
+    the number of aborts so far, so that no two share a first page). ``events`` collects
+    the prefix-cache events of the steps both sides agreed on (tests/stateful/events.py's
+    ``prefix_events``)."""
     lock = Lockstep(peer, config, ORACLE)
     pending = sorted(workload, key=lambda r: r.arrival_step)
     aborted: set[str] = set()
@@ -240,7 +255,10 @@ def run_with_aborts(
                 pending.append(
                     WorkloadRequest(
                         request_id=victim.request_id,
-                        prompt=(250, *victim.request.prompt_token_ids[1:]),
+                        prompt=(
+                            250 + len(aborted) * distinct_readds,
+                            *victim.request.prompt_token_ids[1:],
+                        ),
                         params=victim.request.params,
                         arrival_step=lock.steps + 2,
                     )
@@ -354,7 +372,15 @@ def main() -> int:
         # Events are counted on the same loop (the profile's rules: vllm-v0's, nano-vllm's).
         if args.aborts or args.shared_prefix or semantics is Semantics.VLLM_V0:
             events: set[str] = set()
-            report = run_with_aborts(peer, config, workload, rng, args.aborts, events=events)
+            report = run_with_aborts(
+                peer,
+                config,
+                workload,
+                rng,
+                args.aborts,
+                events=events,
+                distinct_readds=args.peer == "tokenspeed" and not args.shared_prefix,
+            )
             runs_with.update(events)
         else:
             report = run_workload(peer, config, workload, ORACLE)

@@ -55,6 +55,9 @@ COPIED = (
     "tests/stateful",
     "tests/oracles",
     "tests/regressions",
+    # The peer machines (their subjects skip where the peer is not installed).
+    "tests/peers",
+    "tests/cli",
 )
 
 MACHINE_TESTS = {
@@ -64,6 +67,17 @@ MACHINE_TESTS = {
     ),
     "prefix-engine": "tests/stateful/test_prefix_differential.py::test_prefix_engine_differential",
     "engine": "tests/stateful/test_engine_differential.py::test_engine_differential",
+    # The transformers and tokenspeed profiles: our scheduler (toy model), the real peers.
+    "transformers-scheduler": (
+        "tests/stateful/test_offload_reserve_differential.py"
+        "::test_transformers_scheduler_differential"
+    ),
+    "tokenspeed-scheduler": (
+        "tests/stateful/test_offload_reserve_differential.py"
+        "::test_tokenspeed_scheduler_differential"
+    ),
+    "transformers": "tests/peers/test_peer_machines.py::test_peer_machine[transformers]",
+    "tokenspeed": "tests/peers/test_peer_machines.py::test_peer_machine[tokenspeed]",
 }
 
 
@@ -129,6 +143,9 @@ CACHE = "impl/cache_engine.py"
 ENGINE = "impl/engine.py"
 SPEC_SCHED = "spec/scheduler.py"
 ENGINE_ONLY = ("engine",)
+OFFLOAD = "impl/offload_step.py"
+RESERVE = "impl/reserve_step.py"
+SPEC_PROFILES = "spec/profiles.py"
 
 #: What a wrong plan or state shows up as in the differential comparison.
 DIVERGES = ("plan_matches_spec", "observe_matches_spec", "same_abort")
@@ -705,6 +722,155 @@ MUTANTS: tuple[Mutant, ...] = (
         expect=("no_idle_wait",),
         common_mode=True,
     ),
+    # --- the transformers and tokenspeed profiles (T2-T9, TS1-TS8) ---------------------------
+    mutant(
+        "transformers-skip-stops",
+        "transformers/skip-not-fit: the engine's walk stops at the first candidate that "
+        "does not fit (kvsched's head-of-line R8) instead of skipping it",
+        (
+            OFFLOAD,
+            "                starved.append((seq, n))\n            continue\n",
+            "                starved.append((seq, n))\n            break\n",
+        ),
+        machines=("transformers-scheduler",),
+        expect=DIVERGES,
+    ),
+    mutant(
+        "transformers-offload-oldest-starved",
+        "transformers/offload-starved: the engine offloads the oldest starved request "
+        "first instead of the newest",
+        (OFFLOAD, "        seq, _ = starved.pop()\n", "        seq, _ = starved.pop(0)\n"),
+        machines=("transformers-scheduler",),
+        expect=(*DIVERGES, "blocks_conserved"),
+    ),
+    mutant(
+        "transformers-no-safety-margin",
+        "transformers/safety-margin: the engine's walk admits more than one prefill "
+        "whatever the free fraction of the cache",
+        (
+            OFFLOAD,
+            "    margin = gpu.num_free_blocks * MARGIN_DENOMINATOR >= MARGIN_NUMERATOR * total\n",
+            "    margin = True\n",
+        ),
+        machines=("transformers-scheduler",),
+        expect=DIVERGES,
+    ),
+    mutant(
+        "transformers-admission-never-frozen",
+        "transformers/admission-frozen: an offload does not freeze the engine's admission",
+        (
+            OFFLOAD,
+            "    sched.admission_frozen = True\n    return True\n",
+            "    return True\n",
+        ),
+        machines=("transformers-scheduler",),
+        expect=DIVERGES,
+    ),
+    mutant(
+        "tokenspeed-reserve-prompt-only",
+        "tokenspeed/reserve-generation: the engine's admission reserves the prompt's blocks, "
+        "not the whole generation's",
+        (
+            RESERVE,
+            "    return cdiv(min(seq.stop_len, seq.num_prompt_tokens + SAFE_DECODE_TOKENS), "
+            "block_size)\n",
+            "    return cdiv(seq.num_tokens, block_size)\n",
+        ),
+        machines=("tokenspeed-scheduler",),
+        expect=(*DIVERGES, "blocks_conserved"),
+    ),
+    mutant(
+        "tokenspeed-skip-stops",
+        "tokenspeed/skip-not-fit: the engine stops admitting at the first new prompt whose "
+        "reserve is not free",
+        (
+            RESERVE,
+            "        if blocks > gpu.num_free_blocks:\n            continue\n",
+            "        if blocks > gpu.num_free_blocks:\n            break\n",
+        ),
+        machines=("tokenspeed-scheduler",),
+        expect=DIVERGES,
+    ),
+    mutant(
+        "tokenspeed-admission-order",
+        "tokenspeed/submission-order: the engine appends an admitted request to running "
+        "(kvsched's R1) instead of placing it in submission order",
+        (
+            RESERVE,
+            "        insort(sched.running, seq, key=lambda s: s.arrival)"
+            "  # TS6: submission order\n",
+            "        sched.running.append(seq)\n",
+        ),
+        machines=("tokenspeed-scheduler",),
+        expect=DIVERGES,
+    ),
+    mutant(
+        "tokenspeed-finished-id-freed",
+        "tokenspeed/finished-id-held: the engine takes a finished request's id again at once",
+        (
+            SCHED,
+            "            self.ids_held = tuple(f.request_id for f in finished)\n",
+            "            self.ids_held = ()\n",
+        ),
+        machines=("tokenspeed-scheduler",),
+        expect=(*DIVERGES, "same_rejection"),
+    ),
+    mutant(
+        "cm-transformers-victims-at-head",
+        "transformers/victims-at-tail: soft-reset victims rejoin the head of waiting, in "
+        "spec and engine",
+        (
+            "spec/offload.py",
+            "        waiting=(*state.waiting, *(r for r, mode in requeued if mode is not swap)),\n",
+            "        waiting=(*(r for r, m in requeued[::-1] if m is not swap), *state.waiting),\n",
+        ),
+        (
+            OFFLOAD,
+            "            sched.waiting.push_back(seq)\n",
+            "            sched.waiting.push_front(seq)\n",
+        ),
+        # The spec's plan invariants name the profile's queue order.
+        machines=("transformers-scheduler", "transformers"),
+        expect=("plan_valid",),
+        common_mode=True,
+    ),
+    mutant(
+        "cm-transformers-no-safety-margin",
+        "transformers/safety-margin ignored (any free fraction admits more than one "
+        "prefill), in spec and engine",
+        (SPEC_PROFILES, "SAFETY_MARGIN = Fraction(3, 20)\n", "SAFETY_MARGIN = Fraction(0)\n"),
+        (
+            OFFLOAD,
+            "MARGIN_NUMERATOR, MARGIN_DENOMINATOR = 3, 20\n",
+            "MARGIN_NUMERATOR, MARGIN_DENOMINATOR = 0, 20\n",
+        ),
+        # Both sides agree; the real transformers does not.
+        machines=("transformers-scheduler", "transformers"),
+        expect=("plan_matches_spec",),
+        common_mode=True,
+    ),
+    mutant(
+        "cm-tokenspeed-skip-stops",
+        "tokenspeed/skip-not-fit: admission stops at the first new prompt whose reserve is "
+        "not free (kvsched's R8), in spec and engine",
+        (
+            SPEC_PROFILES,
+            "    post: __return__ == (offloads_starved(config) or reserves_generation(config))\n"
+            '    """\n    return offloads_starved(config) or reserves_generation(config)\n'
+            "\n\ndef interleave_offloaded(",
+            '    """\n    return offloads_starved(config)\n\n\ndef interleave_offloaded(',
+        ),
+        (
+            RESERVE,
+            "        if blocks > gpu.num_free_blocks:\n            continue\n",
+            "        if blocks > gpu.num_free_blocks:\n            break\n",
+        ),
+        # Both sides agree (Rule P judges the first request left waiting only); the real
+        # TokenSpeed does not.
+        machines=("tokenspeed-scheduler", "tokenspeed"),
+        expect=("plan_matches_spec",),
+        common_mode=True,
+    ),
     # --- prefix caching (PC1-PC9), on the machines with caching on --------------------------
     mutant(
         "vllm-v0-decode-fits-last-block",
@@ -1145,7 +1311,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("-k", dest="select", action="append", default=[], help="name filter")
     parser.add_argument(
         "--machines",
-        default="scheduler,engine,prefix-scheduler,prefix-engine",
+        default=(
+            "scheduler,engine,prefix-scheduler,prefix-engine,"
+            "transformers-scheduler,tokenspeed-scheduler,transformers,tokenspeed"
+        ),
         help=(
             "comma-separated, in order (default all; each mutant runs on the machines that "
             "run its code, the engine ones only if the fast one misses it)"

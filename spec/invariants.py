@@ -21,10 +21,14 @@ from spec.policies import is_registered
 from spec.prefix_cache import pool_violations
 from spec.profiles import (
     decode_unbudgeted,
+    gpu_blocks_owned,
     length_capped,
     model_len,
+    offloads_starved,
     prefill_first,
+    reserves_generation,
     running_capped,
+    single_prefill_violations,
     too_large,
 )
 from spec.types import (
@@ -187,6 +191,7 @@ def state_violations(state: SchedulerState) -> tuple[str, ...]:
     """
     found = _queue_violations(state)
     found.extend(_kv_violations(state))
+    found.extend(single_prefill_violations(state.config, state.running))
     for queue, requests in (
         ("waiting", state.waiting),
         ("running", state.running),
@@ -226,7 +231,9 @@ def blocks_in_use(
     if state.prefix_cache is None:
         chunk_of = {chunk.request_id: chunk.num_tokens for chunk in scheduled}
         gpu = sum(
-            blocks_held(max(r.num_computed_tokens + chunk_of.get(r.request_id, 0), 0), bs)
+            gpu_blocks_owned(
+                state.config, r, max(r.num_computed_tokens + chunk_of.get(r.request_id, 0), 0)
+            )
             for r in state.running
         )
     else:
@@ -412,14 +419,20 @@ def _queue_change_violations(before: SchedulerState, plan: StepPlan) -> list[str
         ):
             found.append(f"R6: {p.request_id!r} preempted by {p.mode}, config says {mode}")
     swapped_before = _ids(before.swapped)
-    if list(plan.swapped_in) != swapped_before[: len(plan.swapped_in)]:
-        found.append(
-            f"R7: swapped_in {list(plan.swapped_in)} is not a prefix of swapped {swapped_before}"
-        )
     for rid in plan.swapped_in:
         if rid not in scheduled:
             found.append(f"R7: swapped-in request {rid!r} was not scheduled")
     admitted = _admitted(old, plan)
+    if offloads_starved(before.config):
+        # transformers/skip-not-fit, offloaded-interleaved, offload-starved: swap-ins in
+        # queue order but any of them, admissions beside them and beside victims.
+        if list(plan.swapped_in) != [r for r in swapped_before if r in plan.swapped_in]:
+            found.append(f"R7: swapped_in {list(plan.swapped_in)} is out of queue order")
+        return found
+    if list(plan.swapped_in) != swapped_before[: len(plan.swapped_in)]:
+        found.append(
+            f"R7: swapped_in {list(plan.swapped_in)} is not a prefix of swapped {swapped_before}"
+        )
     if plan.preempted and (plan.swapped_in or admitted):
         found.append("R7/R8: requests swapped in or admitted in a step that preempted")
     if admitted and len(plan.swapped_in) < len(swapped_before):
@@ -485,28 +498,34 @@ def _after_violations(before: SchedulerState, plan: StepPlan, after: SchedulerSt
         found.append(f"R1: requests lost {lost} or appeared {extra} during the step")
     for rid in _duplicates(live_after):
         found.append(f"R1: request {rid!r} is in the queues more than once after the step")
-    # Queue orders.
+    # Queue orders: R6-R8, or transformers/victims-at-tail (victims at the tails, oldest
+    # first; swap-ins and admissions in walk order), tokenspeed/submission-order.
+    config = before.config
+    tail = offloads_starved(config)
+    joined = [*plan.swapped_in, *admitted]
+    if tail:
+        joined = [c.request_id for c in plan.scheduled if c.request_id in {*joined}]
     running = [
         rid
-        for rid in (
-            *(rid for rid in _ids(before.running) if rid not in mode_of),
-            *plan.swapped_in,
-            *admitted,
-        )
+        for rid in (*(rid for rid in _ids(before.running) if rid not in mode_of), *joined)
         if rid not in finished
     ]
+    if reserves_generation(config):
+        arrival = {rid: old[rid][1].request.arrival for rid in running}
+        running.sort(key=arrival.__getitem__)
     if _ids(after.running) != running:
         found.append(f"R5-R8: running is {_ids(after.running)}, expected {running}")
     to_waiting = [p.request_id for p in plan.preempted if p.mode is not PreemptionMode.SWAP]
-    waiting = [
-        *reversed(to_waiting),
-        *(rid for rid in _ids(before.waiting) if rid not in admitted_set),
-    ]
+    kept_waiting = [rid for rid in _ids(before.waiting) if rid not in admitted_set]
+    waiting = (
+        [*kept_waiting, *reversed(to_waiting)] if tail else [*reversed(to_waiting), *kept_waiting]
+    )
     if _ids(after.waiting) != waiting:
         found.append(f"R6/R8: waiting is {_ids(after.waiting)}, expected {waiting}")
+    to_swapped = [p.request_id for p in plan.preempted if p.mode is PreemptionMode.SWAP]
     swapped = [
         *(rid for rid in _ids(before.swapped) if rid not in swapped_in),
-        *(p.request_id for p in plan.preempted if p.mode is PreemptionMode.SWAP),
+        *(reversed(to_swapped) if tail else to_swapped),
     ]
     if _ids(after.swapped) != swapped:
         found.append(f"R6/R7: swapped is {_ids(after.swapped)}, expected {swapped}")

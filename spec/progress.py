@@ -11,13 +11,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from spec.kv import cdiv, chunk_for_prefill
+from spec.kv import chunk_for_prefill
 from spec.policies import get_policy
 from spec.prefix_cache import grow, longest_hit, num_evictable, request_tokens
 from spec.profiles import (
     admits_after_swap_in,
     admits_first,
+    chunk_blocks,
     full_sequence_fits,
+    liveness_proved,
     reserved_blocks,
     running_capped,
     whole_sequence_admissible,
@@ -69,7 +71,8 @@ def _left_after(before: SchedulerState, plan: StepPlan, upto: int) -> _Left:
         if held is None:
             seats -= 1
         if cache is None:
-            free -= cdiv(end, bs) - (0 if held is None else cdiv(chunk.start, bs))
+            request = held if held is not None else _find(before, chunk.request_id)
+            free -= chunk_blocks(config, request, chunk.start, end, on_gpu=held is not None)
             continue
         if held is not None:
             tokens = request_tokens(held)
@@ -109,7 +112,7 @@ def _fits(request: RequestState, config: SchedulerConfig, left: _Left, hit: tupl
     num_hit, evictable = hit
     start = request.num_computed_tokens + num_hit * bs
     n = chunk_for_prefill(request.num_tokens - start, left.budget, config.enable_chunked_prefill)
-    need = cdiv(start + n, bs) - num_hit + evictable
+    need = chunk_blocks(config, request, start, start + n, on_gpu=False) - num_hit + evictable
     if n > left.budget or need > left.free - reserved_blocks(config):  # vllm-v0/watermark
         return 0
     return n
@@ -170,7 +173,7 @@ def progress_violations(before: SchedulerState, plan: StepPlan) -> tuple[str, ..
     """
     config = before.config
     first = admits_first(before)  # phase C came first (nano-vllm, vllm-v0)
-    if plan.preempted and not first:
+    if (plan.preempted and not first) or not liveness_proved(config):
         return ()
     num_back = len(plan.swapped_in)
     running = {r.request_id for r in before.running}

@@ -51,21 +51,28 @@ from spec.prefix_cache import (
     unkey_undone_chunk,
 )
 from spec.profiles import (
+    admission_frozen_after,
     admits_after_swap_in,
     admits_first,
     blocks_to_run,
     decode_unbudgeted,
     full_sequence_fits,
+    gpu_blocks_owned,
+    held_after_finish,
     length_capped,
     next_victim,
+    offloads_starved,
     reserved_blocks,
+    reserves_generation,
     running_capped,
     step_token_limit,
+    tracks_decoding,
     victim_among_all_running,
     victim_next,
     whole_sequence_admissible,
 )
 from spec.progress import progress_violations
+from spec.reserve import schedule_reserving
 from spec.types import (
     FinishedRequest,
     FinishReason,
@@ -810,14 +817,15 @@ def _admission_view(
 
 def step_planned(state: SchedulerState, state_mid: SchedulerState, plan: StepPlan) -> bool:
     """``schedule``'s contract: the plan within ``step_token_limit``, of this step, nothing
-    sampled or finished yet, no swap-in after a preemption; blocks conserved with the
-    chunks holding theirs; no request lost or duplicated."""
+    sampled or finished yet, no swap-in after a preemption (but under transformers, which
+    swaps in after offloading); blocks conserved with the chunks holding theirs; no
+    request lost or duplicated."""
     return (
         plan_tokens(plan) <= step_token_limit(state.config)
         and plan.step == state.num_steps
         and plan.sampled == ()
         and plan.finished == ()
-        and not (plan.preempted and plan.swapped_in)
+        and (not (plan.preempted and plan.swapped_in) or offloads_starved(state.config))
         and kv_conserved_mid_step(state_mid, plan.scheduled)
         and live_ids_sorted(state_mid) == live_ids_sorted(state)
     )
@@ -832,6 +840,9 @@ def schedule(state: SchedulerState) -> tuple[SchedulerState, StepPlan]:
     (``admits_first``), phase C runs first, with the whole budget; if it admitted anyone
     the step is that prefill alone, else phase A runs (a decode step). Under vllm-v0 a
     step that starts with requests swapped runs A and B only (``admits_after_swap_in``).
+    Under transformers/offload-starved the three phases are one walk followed by
+    offloads (``spec.offload.schedule_offloading``); under tokenspeed they are its plan
+    (``spec.reserve.schedule_reserving``).
 
     The returned state is an **intermediate value**, not a state between steps: the
     blocks of every scheduled chunk are already taken and the queues are as decided,
@@ -843,6 +854,13 @@ def schedule(state: SchedulerState) -> tuple[SchedulerState, StepPlan]:
     pre: check_state(state)
     post: step_planned(state, *__return__)
     """
+    if offloads_starved(state.config):
+        # Imported here: spec.offload builds on this module's release_victim.
+        from spec.offload import schedule_offloading  # noqa: PLC0415
+
+        return schedule_offloading(state)
+    if reserves_generation(state.config):
+        return schedule_reserving(state)
     draft = StepDraft(state=state, budget=state.config.max_num_batched_tokens)
     if admits_first(state):
         admitted = admit_waiting(draft)
@@ -989,14 +1007,15 @@ def complete_step(
     (reason ``stop``, the token is kept), then ``max_tokens`` outputs (``length``). A
     finished request leaves ``running``, its ``cdiv(computed, bs)`` GPU blocks are
     freed, and it is appended to the plan's ``finished`` (R3). ``num_steps`` goes up by
-    one, even for an empty step.
+    one, even for an empty step. Under transformers and tokenspeed a request that sampled
+    is decoding (``RequestState.decoding``); under transformers/admission-frozen a
+    finished request unfreezes admission.
 
     pre: plan_matches(state_mid, plan)
     post: step_completed(state_mid, plan, tokens, *__return__)
     raises: SampledTokensError
     """
     by_id = _running_by_id(state_mid)
-    bs = state_mid.config.block_size
     updated: dict[str, RequestState | None] = {}
     sampled_ids: list[str] = []
     sampled_token_ids: list[int] = []
@@ -1030,10 +1049,11 @@ def complete_step(
                 num_computed_tokens=computed,
                 num_preemptions=request.num_preemptions,
                 block_ids=request.block_ids,
+                decoding=tracks_decoding(state_mid.config),
             )
         else:
             updated[request_id] = None
-            freed += blocks_held(computed, bs)
+            freed += gpu_blocks_owned(state_mid.config, request, computed)
             finished.append(
                 FinishedRequest(
                     request_id=request_id,
@@ -1062,6 +1082,8 @@ def complete_step(
         num_free_gpu_blocks=state_mid.num_free_gpu_blocks + freed,
         num_steps=state_mid.num_steps + 1,
         prefix_cache=cache,
+        admission_frozen=admission_frozen_after(state_mid.admission_frozen, False, bool(finished)),
+        ids_held=held_after_finish(state_mid.config, tuple(f.request_id for f in finished)),
     )
     return new_state, replace(
         plan,

@@ -29,16 +29,19 @@ class PreemptionMode(enum.StrEnum):
 class Semantics(enum.StrEnum):
     """A named bundle of scheduling rules (docs/semantics.md, "Semantics profiles").
 
-    ``kvsched`` is R1-R11 as written; ``vllm-v1``, ``nano-vllm`` and ``vllm-v0`` replace
-    some of them with the named rules that make the spec decide exactly as vLLM V1's,
-    nano-vllm's and vLLM V0's real schedulers do (docs/peers.md lists the differences
-    they model).
+    ``kvsched`` is R1-R11 as written; ``vllm-v1``, ``nano-vllm``, ``vllm-v0``,
+    ``transformers`` and ``tokenspeed`` replace some of them with the named rules that
+    make the spec decide exactly as vLLM V1's, nano-vllm's, vLLM V0's, transformers'
+    continuous batching's and TokenSpeed's real schedulers do (docs/peers.md lists the
+    differences they model).
     """
 
     KVSCHED = "kvsched"
     VLLM_V1 = "vllm-v1"
     NANO_VLLM = "nano-vllm"
     VLLM_V0 = "vllm-v0"
+    TRANSFORMERS = "transformers"
+    TOKENSPEED = "tokenspeed"
 
 
 class FinishReason(enum.StrEnum):
@@ -195,6 +198,10 @@ class SchedulerConfig:
                 )
             if self.semantics is Semantics.NANO_VLLM:
                 self._check_nano_vllm()
+            if self.semantics is Semantics.TRANSFORMERS:
+                self._check_transformers()
+            if self.semantics is Semantics.TOKENSPEED:
+                self._check_tokenspeed()
 
     def _check_vllm_v1(self) -> None:
         """vLLM V1's config-time constraints (paths in vLLM 0.32.0's ``vllm/``)."""
@@ -299,6 +306,55 @@ class SchedulerConfig:
             # never true for 1, so a decode would never get its new block.
             raise ConfigError(f"{prefix}: block_size must be >= 2, got {self.block_size}")
 
+    def _check_transformers(self) -> None:
+        """transformers' continuous batching's constraints (paths in transformers 5.19.0's
+        ``transformers/generation/continuous_batching/``)."""
+        prefix = "semantics transformers"
+        if not self.enable_chunked_prefill:
+            # scheduler.py:170-177: a prompt longer than the budget left is always split.
+            raise ConfigError(f"{prefix}: prefills are always chunked (enable_chunked_prefill)")
+        if self.preemption_mode is PreemptionMode.RESTART:
+            # offloading_manager.py:230-231, requests.py:329-352: a soft reset keeps the
+            # outputs (folded into the prompt); nothing drops them.
+            raise ConfigError(f"{prefix}: preemption by recompute (soft reset) or swap only")
+        if self.policy != "lifo":
+            # scheduler.py:306-351: one order (FIFO, decoding requests first); no other.
+            raise ConfigError(f"{prefix}: policy lifo only (its one order is FIFO)")
+        if self.enable_prefix_caching:
+            # cache.py:335-369, cache_allocators/cache_allocator.py:300-322: block sharing
+            # de-duplicates a block when the forward that completes it has run, and evicts
+            # every cached block at once under pressure; the profile does not model it.
+            raise ConfigError(f"{prefix}: block sharing (prefix caching) is not modelled")
+        if self.block_size < 4:
+            # initialization.py:38-40, :310-313: page_size must be at least 4.
+            raise ConfigError(f"{prefix}: block_size (page_size) must be >= 4")
+
+    def _check_tokenspeed(self) -> None:
+        """TokenSpeed's constraints (paths in lightseekorg/tokenspeed's
+        ``tokenspeed-scheduler/csrc/``; tokenspeed-scheduler 0.1.42)."""
+        prefix = "semantics tokenspeed"
+        if self.preemption_mode is not PreemptionMode.RECOMPUTE or self.num_cpu_blocks:
+            # scheduler/operations/forward.cpp: admission reserves the whole generation (up
+            # to 4096 decode tokens per admission, kRetractionSafeSteps), so a request
+            # never outgrows its pages and retraction, TokenSpeed's preemption, never runs
+            # for the generations modelled; it is not modelled (docs/peers.md).
+            raise ConfigError(f"{prefix}: no preemption modelled (recompute, no CPU pool)")
+        if self.policy != "lifo":
+            # scheduler/operations/forward.cpp buildForwardOperations: submission order.
+            raise ConfigError(f"{prefix}: policy lifo only (it serves in submission order)")
+        if not self.enable_chunked_prefill:
+            # PrefillChunkTokens: a prompt is cut by what is left of max_scheduled_tokens.
+            raise ConfigError(f"{prefix}: prefills are always chunked (enable_chunked_prefill)")
+        if self.enable_prefix_caching:
+            # cache/prefix/: a radix of page hashes, published when a decode is scheduled,
+            # with a host tier; the profile does not model it (disable_prefix_cache).
+            raise ConfigError(f"{prefix}: its prefix cache is not modelled")
+        if self.num_gpu_blocks * self.block_size > 4097:
+            # forward.cpp kRetractionSafeSteps = 4096: an admission reserves at most 4096
+            # decode tokens; in a larger pool an accepted request could decode past its
+            # reserve and be retracted, which the profile does not model.
+            raise ConfigError(f"{prefix}: a GPU cache of at most 4097 tokens")
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SamplingParams:
@@ -344,6 +400,11 @@ class RequestState:
     # With prefix caching on, a running request's GPU block ids in table order (PC1);
     # always empty otherwise, when blocks are only counted.
     block_ids: tuple[int, ...] = ()
+    #: A running request whose (re)prefill is complete and that sampled since
+    #: (transformers' DECODING status, TokenSpeed's PrefillDone or Decoding). Tracked only
+    #: under the profiles whose rules read it (``spec.profiles.tracks_decoding``:
+    #: transformers/safety-margin, tokenspeed/prefill-first); False elsewhere.
+    decoding: bool = False
 
     @property
     def request_id(self) -> str:
@@ -374,6 +435,13 @@ class SchedulerState:
     next_arrival: int = 0
     num_steps: int = 0
     prefix_cache: PrefixCacheState | None = None
+    #: transformers/admission-frozen: an offload happened and no request has finished
+    #: since, so no waiting request is a candidate. Always False under other profiles.
+    admission_frozen: bool = False
+    #: tokenspeed/finished-id-held: the ids of the requests that finished in the last
+    #: step or were aborted since, still taken until the next step's plan. Always empty
+    #: under other profiles.
+    ids_held: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

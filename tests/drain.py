@@ -9,6 +9,7 @@ from typing import Final
 
 import spec
 from spec.policies import lifo_victim
+from spec.profiles import liveness_proved
 from spec.types import SamplingParams, SchedulerConfig, SchedulerState
 
 #: Policies the LIFO liveness proof covers (docs/semantics.md, "Why every accepted
@@ -16,9 +17,15 @@ from spec.types import SamplingParams, SchedulerConfig, SchedulerState
 LIFO_PROOF_POLICIES: Final = frozenset({"lifo", "reserve"})
 
 
-def lifo_proof_applies(policy: str) -> bool:
-    """The proof needs LIFO victims; checked on the spec's policy, not just the name."""
-    return policy in LIFO_PROOF_POLICIES and spec.POLICIES[policy].select_victim is lifo_victim
+def lifo_proof_applies(config: SchedulerConfig) -> bool:
+    """The proof needs LIFO victims (checked on the spec's policy, not just the name) and
+    a profile it covers (``spec.profiles.liveness_proved``: not transformers)."""
+    policy = config.policy
+    return (
+        policy in LIFO_PROOF_POLICIES
+        and spec.POLICIES[policy].select_victim is lifo_victim
+        and liveness_proved(config)
+    )
 
 
 def drain_bound(state: SchedulerState) -> int:
@@ -26,14 +33,15 @@ def drain_bound(state: SchedulerState) -> int:
 
     Where the LIFO liveness proof applies (``lifo``, and ``reserve``: LIFO victims and a
     gate that never refuses an empty engine; docs/semantics.md): ``spec.drain_step_bound``,
-    proven in spec.liveness (it covers every semantics profile). Otherwise (a policy that
-    may preempt the head of ``running``) that proof does not carry over, and the bound is
+    proven in spec.liveness (it covers every semantics profile but transformers). Otherwise
+    (a policy that may preempt the head of ``running``, or transformers' offloads and soft
+    resets) that proof does not carry over, and the bound is
     a documented generous one, ``(n + 1) * lifo_bound + n`` for ``n`` live requests (as
     if every request could lose all its progress once per other request); the runs
     record the largest ratio actually seen (docs/stateful-testing.md).
     """
     bound = spec.drain_step_bound(state)
-    if lifo_proof_applies(state.config.policy):
+    if lifo_proof_applies(state.config):
         return bound
     n = spec.num_unfinished_requests(state)
     return (n + 1) * bound + n

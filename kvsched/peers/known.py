@@ -112,7 +112,36 @@ V0_6 = KnownBug(
     "schedule() fails `assert len(waiting_seqs) == 1`",
     repro="docs/repros/v0_6_priority_swap.py",
 )
-KNOWN_BUGS = (N5, N2_N6, N12, V11, V0_5, V0_6)
+# --- transformers' continuous batching (tests/peers/repros/transformers_cb_bugs.py) ----
+T10 = KnownBug(
+    id="T10",
+    peer="transformers",
+    distributions=("transformers",),
+    confirmed=("5.19.0",),
+    summary="after an offload, cancelling the running requests leaves block_new_requests "
+    "set: the offloaded requests are never scheduled again and the loop spins on empty "
+    "batches",
+    repro="tests/peers/repros/transformers_cb_bugs.py",
+)
+T11 = KnownBug(
+    id="T11",
+    peer="transformers",
+    distributions=("transformers",),
+    confirmed=("5.19.0",),
+    summary="offloading a request into a CPU pool whose free block sits in an allocated "
+    "sector raises ValueError (Cannot pop N leaves) instead of soft-resetting it",
+    repro="tests/peers/repros/transformers_cb_bugs.py",
+)
+T12 = KnownBug(
+    id="T12",
+    peer="transformers",
+    distributions=("transformers",),
+    confirmed=("5.19.0",),
+    summary="a request that can never fit the cache is accepted; alone, it makes "
+    "prepare_next_batch raise RuntimeError, which ends the generation loop",
+    repro="tests/peers/repros/transformers_cb_bugs.py",
+)
+KNOWN_BUGS = (N5, N2_N6, N12, V11, V0_5, V0_6, T10, T11, T12)
 
 
 def installed_version(bug: KnownBug) -> str | None:
@@ -161,6 +190,28 @@ def signature(peer: str, divergence: Divergence) -> KnownBug | None:
             return V0_5
         if "Waiting sequence group should have only one prompt sequence" in raised:
             return V0_6
+    if peer == "transformers":
+        return _transformers_signature(divergence)
+    return None
+
+
+def _transformers_signature(divergence: Divergence) -> KnownBug | None:
+    observed = divergence.engine_state
+    if (
+        divergence.field.startswith("plan.")
+        and observed is not None
+        and observed.state.admission_frozen
+        and not observed.state.running
+    ):
+        return T10  # the peer runs nothing: frozen, with nothing left to unfreeze it
+    if divergence.field == "step()" and "ValueError: Cannot pop" in str(divergence.engine_value):
+        return T11
+    if (
+        divergence.field.startswith("add_request(")
+        and str(divergence.spec_value).startswith("RequestTooLargeError")
+        and divergence.engine_value == "accepted"
+    ):
+        return T12
     return None
 
 
@@ -188,6 +239,9 @@ __all__ = [
     "N2_N6",
     "N5",
     "N12",
+    "T10",
+    "T11",
+    "T12",
     "V0_5",
     "V0_6",
     "V11",

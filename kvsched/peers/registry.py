@@ -59,6 +59,20 @@ PEER_ENTRIES: Final = (
         options=("eos_token_id",),
     ),
     PeerEntry(
+        name="transformers",
+        profile=Semantics.TRANSFORMERS,
+        adapter="kvsched.peers.transformers_cb:TransformersAdapter",
+        distributions=("transformers",),
+        tested=("5.19.0",),
+    ),
+    PeerEntry(
+        name="tokenspeed",
+        profile=Semantics.TOKENSPEED,
+        adapter="kvsched.peers.tokenspeed:TokenSpeedAdapter",
+        distributions=("tokenspeed-scheduler",),
+        tested=("0.1.42",),
+    ),
+    PeerEntry(
         name="vllm-v0",
         profile=Semantics.VLLM_V0,
         adapter="kvsched.peers.vllm_v0:VllmV0Adapter",

@@ -187,8 +187,11 @@ PLANTED: tuple[PlantedBug, ...] = (
         where="finish",
         bug="a finished request frees the blocks it held before this step's chunk",
         file="scheduler.py",
-        old="            freed += blocks_held(computed, bs)\n",
-        new="            freed += blocks_held(request.num_computed_tokens, bs)\n",
+        old="            freed += gpu_blocks_owned(state_mid.config, request, computed)\n",
+        new=(
+            "            freed += gpu_blocks_owned("
+            "state_mid.config, request, request.num_computed_tokens)\n"
+        ),
         target="spec.scheduler.complete_step",
     ),
     PlantedBug(

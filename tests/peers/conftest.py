@@ -18,7 +18,12 @@ from kvsched.peers import registry
 from kvsched.peers.protocol import INSTALL_HINT
 from tests.cli.conftest import invoke, write_workload  # the CLI tests' fixtures, reused
 
-_MODULES = {"vllm": "vllm", "nano-vllm": "nanovllm"}
+_MODULES = {
+    "vllm": "vllm",
+    "nano-vllm": "nanovllm",
+    "transformers": "transformers",
+    "tokenspeed": "tokenspeed_scheduler",
+}
 
 
 def _missing(message: str) -> NoReturn:
@@ -44,7 +49,7 @@ def require_peer_venv(name: str) -> Path:
     return python
 
 
-@pytest.fixture(params=sorted(_MODULES))
+@pytest.fixture(params=("nano-vllm", "vllm"))  # the peers of the shared tests (block size 2)
 def peer_name(request: pytest.FixtureRequest) -> str:
     name: str = request.param
     require_peer(name)

@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import impl
 import spec
-from impl.block_manager import cdiv
 from impl.scheduler import Scheduler
-from spec.profiles import model_len
+from spec.profiles import gpu_blocks_owned, model_len
 from spec.types import FinishedRequest, FinishReason, SchedulerConfig, SchedulerState, StepPlan
 from tests.oracles.pool import engine_pool_violations, spec_pool_violations
 from tests.stateful.failures import InvariantViolation, fail, require
@@ -45,10 +44,11 @@ def kv_within_capacity(scheduler: Scheduler) -> None:
             )
 
 
-def blocks_conserved(scheduler: Scheduler, block_size: int) -> None:
+def blocks_conserved(scheduler: Scheduler) -> None:
     """free + owned == total on both pools, owned counted from the real block tables (a
     block shared under prefix caching counts once); no table holds a block twice; each
-    running request has ``cdiv(computed, block_size)`` blocks."""
+    running request has ``cdiv(computed, block_size)`` blocks (its reserve under
+    tokenspeed/reserve-generation: ``spec.profiles.gpu_blocks_owned``)."""
     pools = (
         ("GPU", scheduler.gpu, [seq.block_table for seq in scheduler.running]),
         ("CPU", scheduler.cpu, [seq.cpu_block_table for seq in scheduler.swapped]),
@@ -70,8 +70,11 @@ def blocks_conserved(scheduler: Scheduler, block_size: int) -> None:
             pool.check()
         except impl.BlockAllocationError as error:
             raise InvariantViolation("blocks_conserved", f"{name}: {error}") from error
+    config = scheduler.config
     for seq in scheduler.running:
-        if len(seq.block_table) != cdiv(seq.num_computed, block_size):
+        # R2 by profile: under tokenspeed/reserve-generation the request's reserve.
+        owns = gpu_blocks_owned(config, seq.to_state(), seq.num_computed)
+        if len(seq.block_table) != owns:
             fail(
                 "blocks_conserved",
                 f"{seq!r} has {len(seq.block_table)} GPU blocks for {seq.num_computed} tokens",

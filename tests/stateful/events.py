@@ -25,6 +25,7 @@ from spec.types import (
 )
 from tests.stateful.coverage import WATERMARK_EVENT
 from tests.stateful.nano_cache import nano_cache_events
+from tests.stateful.offload_reserve_events import STEP_RULES, offload_reserve_events
 
 
 def abort_label(queue: str, request: RequestState) -> str:
@@ -144,6 +145,9 @@ def profile_events(before: SchedulerState, mid: SchedulerState, plan: StepPlan) 
     config = before.config
     if config.semantics is Semantics.KVSCHED:
         return
+    if config.semantics in STEP_RULES:
+        yield from offload_reserve_events(before, mid, plan)
+        return
     admitted = [r.request_id for r in before.waiting if r.request_id in plan.scheduled_ids]
     if config.semantics in (Semantics.VLLM_V1, Semantics.VLLM_V0):
         for finished in plan.finished:
@@ -177,7 +181,7 @@ def profile_events(before: SchedulerState, mid: SchedulerState, plan: StepPlan) 
             yield "vllm-v1/full-sequence-admission: the gate held a request back"
             if held_back:
                 yield "vllm-v1/full-sequence-admission: the gate held back a request with a hit"
-    else:
+    elif config.semantics is Semantics.NANO_VLLM:
         if admitted and before.running:
             yield "nano-vllm/prefill-first: a prefill-only step with requests running"
         if not admitted and sum(plan.num_scheduled_tokens) > config.max_num_batched_tokens:

@@ -47,7 +47,7 @@ import spec
 from impl.scheduler import Scheduler
 from kvsched.peers.known import KnownBug
 from kvsched.peers.lockstep import Advance, Diverged, Divergence, Lockstep, describe
-from spec.profiles import too_large
+from spec.profiles import liveness_proved, too_large
 from spec.types import (
     DuplicateRequestError,
     EmptyPromptError,
@@ -69,6 +69,7 @@ from tests.stateful import checks
 from tests.stateful.coverage import RunRecord
 from tests.stateful.events import abort_label, prefix_events, profile_events, step_events
 from tests.stateful.failures import InjectedFault, InvariantViolation, fail, require
+from tests.stateful.offload_reserve_events import refusal_events
 from tests.stateful.sizes import SUPPRESSED
 from tests.stateful.strategies import (
     BAD_REQUESTS,
@@ -581,7 +582,7 @@ class LockstepMachine(RuleBasedStateMachine):
     @needs(also=lambda machine: machine.side.scheduler is not None)
     @checked
     def blocks_conserved(self) -> None:
-        checks.blocks_conserved(self.scheduler(), self.config.block_size)
+        checks.blocks_conserved(self.scheduler())
 
     @invariant()
     @needs(also=lambda machine: machine.side.scheduler is not None)
@@ -632,7 +633,9 @@ class LockstepMachine(RuleBasedStateMachine):
             self.lock.finish()
         lifo_bound = spec.drain_step_bound(start)
         policy = self.config.policy
-        if policy != "lifo" and lifo_bound > 0:  # the ratio for the others
+        proved = liveness_proved(self.config)  # transformers: the ratio under its name
+        if (policy != "lifo" or not proved) and lifo_bound > 0:  # the ratio for the others
+            policy = policy if proved else str(self.config.semantics)
             ratio = steps / lifo_bound
             ratios = self.record.stats.max_drain_ratio
             ratios[policy] = max(ratios.get(policy, 0.0), ratio)
@@ -892,6 +895,9 @@ class LockstepMachine(RuleBasedStateMachine):
             with self.compared("observe", "rejection_changes_nothing"):
                 self.lock.compare_states()
             self.note(f"reject: {type(refused).__name__}")
+            self.note_all(
+                refusal_events(before, request_id, len(prompt), params.max_tokens, refused)
+            )
             return False
         self.accepted[before.next_arrival] = Accepted(request_id, tuple(prompt), params)
         if params.eos_token_id is not None:

@@ -25,6 +25,8 @@ SEMANTICS: Final = (
     Semantics.KVSCHED,
     Semantics.VLLM_V0,
 )
+#: The profiles that model a prefix cache (vllm-v0's configs refuse caching).
+CACHING_SEMANTICS: Final = tuple(s for s in SEMANTICS if s is not Semantics.VLLM_V0)
 
 
 def printable_config(**fields: object) -> st.SearchStrategy[SchedulerConfig]:

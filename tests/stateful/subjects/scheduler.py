@@ -22,7 +22,7 @@ from kvsched.peers.ours import SchedulerAdapter
 from spec.types import SchedulerConfig
 from tests.stateful.coverage import PREFIX_REQUIRED_EVENTS, REQUIRED_EVENTS, WATERMARK_EVENT
 from tests.stateful.sizes import Size, Sizes
-from tests.stateful.strategies import engine_configs
+from tests.stateful.strategies import CACHING_SEMANTICS, engine_configs
 from tests.stateful.subject import Note, Side, Subject
 from tests.stateful.subjects import OURS
 from tests.stateful.toy import ToyModel
@@ -85,12 +85,13 @@ SCHEDULER = ToyScheduler(
     vocab=VOCAB,
 )
 
-#: With prefix caching on, under every profile (kvsched in half the examples).
+#: With prefix caching on, under every profile that models a cache (kvsched in half
+#: the examples).
 PREFIX_SCHEDULER = ToyScheduler(
     name="prefix-scheduler",
     machine="PrefixSchedulerDifferential",
     caps=replace(OURS, swap=False, caching=True),
-    configs=engine_configs(prefix_caching=True),
+    configs=engine_configs(CACHING_SEMANTICS, prefix_caching=True),
     sizes=Sizes(
         ci=Size(1_000, 50),
         dev=Size(60, 40),
