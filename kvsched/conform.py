@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kvsched.drive import StepCallback
+from kvsched.drive import StepCallback, admission_window
 from kvsched.peers.known import classify
 from kvsched.peers.lockstep import LockstepReport, run_workload
 from kvsched.peers.protocol import SchedulerUnderTest
@@ -31,7 +31,11 @@ def conform(
     max_steps: int | None = None,
     on_step: StepCallback | None = None,
 ) -> ConformReport:
-    """Run ``workload`` through ``peer`` and the spec in lockstep; stop at a divergence."""
+    """Run ``workload`` through ``peer`` and the spec in lockstep; stop at a divergence.
+
+    Arrivals are admitted lazily where the policy allows it (``admission_window``): the
+    spec's state is immutable tuples, so a long waiting queue would cost every step.
+    """
     return run_workload(
         peer,
         config,
@@ -39,20 +43,26 @@ def conform(
         HashOracle(vocab_size=oracle_vocab),
         max_steps=max_steps,
         on_step=on_step,
+        window=admission_window(config),
     )
 
 
+def setup(config: SchedulerConfig, engine: str = "kvsched") -> str:
+    """What the verdict was reached under: ``vllm, policy lifo, recompute mode``."""
+    text = f"policy {config.policy}, {config.preemption_mode} mode"
+    return text if engine == "kvsched" else f"{engine}, {text}"
+
+
 def render(report: ConformReport, config: SchedulerConfig, engine: str = "kvsched") -> str:
-    setup = f"policy {config.policy}, {config.preemption_mode} mode"
-    if engine != "kvsched":
-        setup = f"{engine}, {setup}"
+    setup_text = setup(config, engine)
     if report.divergence is None:
         return (
             f"conform: ok: spec and engine agree at all {report.steps} steps "
             f"({report.num_requests} requests, {report.num_rejected} rejected, "
-            f"{report.preemptions} preemption{'' if report.preemptions == 1 else 's'}; {setup})"
+            f"{report.preemptions} preemption{'' if report.preemptions == 1 else 's'}; "
+            f"{setup_text})"
         )
-    verdict = f"conform: DIVERGED at {report.divergence} ({setup})"
+    verdict = f"conform: DIVERGED at {report.divergence} ({setup_text})"
     bug = classify(engine, report.divergence)
     if bug is None:
         return verdict

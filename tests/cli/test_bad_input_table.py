@@ -20,14 +20,16 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import pytest
 import torch
 
 import kvsched.cli
+import kvsched.commands
 from impl.engine import available_cpus
 from kvsched.workload import MAX_ARRIVAL_STEP
-from tests.cli.helpers import Invoke, Outcome, requests_of
+from tests.cli.helpers import PNG_MAGIC, Invoke, Outcome, requests_of
 
 ROOT = Path(__file__).resolve().parents[2]
 GOOD = {"id": "a", "prompt": [1, 2, 3], "max_tokens": 2}
@@ -214,19 +216,26 @@ def test_huge_swap_pool_in_a_reference_run(invoke: Invoke, tmp_path: Path) -> No
 def test_plot_that_fails_after_the_run_keeps_the_results(
     invoke: Invoke, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Case ``plot-fails-late`` (say the disk fills up after the checks): the results are
-    printed before the plot is drawn, then one line and exit 2."""
+    """Case ``plot-fails-late`` (say the disk fills up while the plot is written): the
+    results are printed before the plot is drawn, then one line and exit 2, and no
+    file is left, neither a truncated plot nor its temporary file."""
 
-    def disk_full(*args: object, **kwargs: object) -> None:
-        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "kv.png"))
+    def disk_full(result: object, out: BinaryIO, **kwargs: object) -> None:
+        out.write(PNG_MAGIC)
+        out.flush()
+        raise OSError(errno.ENOSPC, "No space left on device")  # a write names no file
 
-    monkeypatch.setattr(kvsched.cli, "plot_timeline", disk_full)
+    monkeypatch.setattr(kvsched.commands, "plot_timeline", disk_full)
     path = tmp_path / "w.jsonl"
     path.write_bytes(json.dumps(GOOD).encode() + b"\n")
-    result = invoke("run", str(path), "--json", "--plot", str(tmp_path / "kv.png"))
+    png = tmp_path / "kv.png"
+    result = invoke("run", str(path), "--json", "--plot", str(png))
     assert result.code == 2
     assert requests_of(json.loads(result.out))[0]["finish_reason"] == "length"
-    assert result.err == f"kvsched: {tmp_path / 'kv.png'}: No space left on device\n"
+    assert result.err == (
+        f"kvsched: --plot {png}: cannot be written: No space left on device (nothing written)\n"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["w.jsonl"]
 
 
 def test_prompt_over_the_budget_without_chunking(invoke: Invoke, tmp_path: Path) -> None:

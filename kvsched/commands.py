@@ -1,0 +1,193 @@
+"""The commands that run a model: ``run``, ``conform`` and ``demo`` (imports torch).
+
+``kvsched.cli`` has checked every input it can without a model (the workload file,
+the options, the output paths) before it imports this module. What is left needs the
+model: the checkpoint, the device, the KV pools against the memory free.
+
+A run is interruptible (``kvsched.interrupt``): the first SIGINT or SIGTERM stops it
+at the next step boundary; the results so far are printed (every request finished,
+partial or not started) and the plot drawn up to that step, then one line on stderr
+says so and the exit code is 130 or 143.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import sys
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+
+from kvsched import conform as lockstep_conform
+from kvsched import demo as seed_demo
+from kvsched import model_setup, report
+from kvsched.engine_options import flag_names
+from kvsched.engine_protocol import Engine
+from kvsched.errors import CLIInputError
+from kvsched.files import emit, replacing
+from kvsched.interrupt import Interrupted, Signals, exit_code
+from kvsched.peers import PeerUnsupportedError, SchedulerUnderTest, common_eos, make_peer
+from kvsched.peers.lockstep import describe_states
+from kvsched.peers.ours import EngineAdapter
+from kvsched.plot import plot_timeline
+from kvsched.progress import PROG, CommandProgress, notice, wanted, warn
+from kvsched.results import NOT_STARTED, PARTIAL, RunResult
+from kvsched.runner import run_reference, run_workload
+from kvsched.summary import render_summary
+from kvsched.text import one_line
+from kvsched.workload import WorkloadRequest
+from model import LlamaForCausalLM
+from spec.types import PreemptionMode, SchedulerConfig
+
+
+def _model(
+    args: argparse.Namespace, config: SchedulerConfig, workload: Sequence[WorkloadRequest]
+) -> LlamaForCausalLM:
+    """The model, then the KV pools against the memory free; a swap mode that cannot
+    swap is warned about (once: ``--reference`` builds an engine per request)."""
+    model = model_setup.load_model(args)
+    if not getattr(args, "reference", False):
+        model_setup.check_kv_fits(config, model, workload)
+    if config.preemption_mode is PreemptionMode.SWAP and config.num_cpu_blocks == 0:
+        warn(
+            "--preemption-mode swap with --num-cpu-blocks 0: there is no CPU pool, so "
+            "every preemption falls back to recompute"
+        )
+    return model
+
+
+def _stopped_line(result: RunResult, plot: str | None) -> str:
+    """The one line of a run a signal stopped: where, and what is kept."""
+    states = Counter(o.state for o in result.outcomes)
+    n = len(result.outcomes)
+    finished = n - states[PARTIAL] - states[NOT_STARTED]
+    kept = "the results up to it are on stdout"
+    if plot is not None:
+        kept += f"; wrote {plot} up to it"
+    return (
+        f"{PROG}: stopped by {result.interrupted} after step {result.metrics.steps}: "
+        f"{finished} of {n} requests done, {states[PARTIAL]} partial, "
+        f"{states[NOT_STARTED]} not started; {kept}"
+    )
+
+
+def run(
+    args: argparse.Namespace,
+    signals: Signals,
+    workload: list[WorkloadRequest],
+    config: SchedulerConfig,
+) -> int:
+    model = _model(args, config, workload)
+
+    def factory(c: SchedulerConfig) -> Engine:
+        return model_setup.make_engine(c, args, model)
+
+    label = "kvsched run --reference" if args.reference else "kvsched run"
+    engine = None if args.reference else factory(config)
+    with (
+        signals.deferred(),
+        CommandProgress(label, len(workload), enabled=wanted(quiet=args.quiet)) as bar,
+    ):
+        if engine is None:
+            result = run_reference(
+                factory,
+                config,
+                workload,
+                on_step=bar.update,
+                max_blocks=model_setup.kv_blocks_that_fit(model, config.block_size),
+                stop=signals.requested,
+            )
+        else:
+            result = run_workload(
+                engine,
+                config,
+                workload,
+                on_step=bar.update,
+                record_timeline=args.plot is not None,
+                stop=signals.requested,
+            )
+    # The results first: a plot that fails to draw must not lose them.
+    if args.json:
+        emit(report.dumps(result))
+    else:
+        emit(render_summary(result, title="reference" if args.reference else "run"))
+    if args.plot is not None:
+        with replacing("--plot", args.plot) as f:
+            plot_timeline(
+                result,
+                f,
+                file_format=Path(args.plot).suffix.lower().lstrip("."),
+                title=f"kvsched run {Path(args.workload).name}",
+            )
+    if result.interrupted is not None:
+        print(one_line(_stopped_line(result, args.plot)), file=sys.stderr)
+        return exit_code(signals.received or 0)
+    if args.plot is not None:
+        notice(f"wrote {args.plot} (KV timeline, {result.metrics.steps} steps)", quiet=args.quiet)
+    return 0
+
+
+def conform(
+    args: argparse.Namespace,
+    signals: Signals,
+    workload: list[WorkloadRequest],
+    config: SchedulerConfig,
+) -> int:
+    peer: SchedulerUnderTest
+    try:
+        if args.engine == "kvsched":
+            peer = EngineAdapter(
+                model_setup.make_engine(config, args, _model(args, config, workload))
+            )
+        else:
+            eos = common_eos(r.params for r in workload) if args.engine == "nano-vllm" else None
+            peer = make_peer(args.engine, config, eos_token_id=eos)
+    except PeerUnsupportedError as e:
+        raise CLIInputError(flag_names(str(e))) from None
+    progress = [0, 0]  # steps, requests done: where a signal stopped it
+
+    with (
+        signals.deferred(),
+        CommandProgress("kvsched conform", len(workload), enabled=wanted(quiet=args.quiet)) as bar,
+    ):
+
+        def on_step(steps: int, done: int) -> None:
+            bar.update(steps, done)
+            progress[:] = [steps, done]
+            if signals.received is not None:  # at a step boundary: both sides agree here
+                raise Interrupted(signals.received)
+
+        try:
+            result = lockstep_conform.conform(
+                peer, config, workload, oracle_vocab=args.oracle_vocab, on_step=on_step
+            )
+        except Interrupted as e:
+            steps, done = progress
+            emit(
+                f"conform: stopped by {e} after step {steps}: spec and engine agree at all "
+                f"{steps} steps so far ({done} of {len(workload)} requests done; "
+                f"{lockstep_conform.setup(config, args.engine)})"
+            )
+            return e.exit_code
+        except PeerUnsupportedError as e:
+            raise CLIInputError(flag_names(str(e))) from None
+    emit(lockstep_conform.render(result, config, args.engine))
+    if args.show_states and result.divergence is not None:
+        emit(describe_states(result.divergence))
+    return 0 if result.ok else 1
+
+
+def demo(args: argparse.Namespace) -> int:
+    # Printed at the end: the bar and the demo's own table must not interleave.
+    out = io.StringIO()
+    with CommandProgress(
+        "kvsched demo",
+        seed_demo.NUM_STAGES,
+        enabled=wanted(quiet=args.quiet),
+        unit="runs",
+        show_steps=False,
+    ) as bar:
+        seed_demo.main(out, threads=args.threads, on_stage=lambda k: bar.update(0, k))
+    emit(out.getvalue().removesuffix("\n"))
+    return 0
