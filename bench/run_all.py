@@ -18,6 +18,7 @@ from bench import (
     preemption_cost,
     prefix_caching,
     profile_step,
+    queue_scaling,
     scheduler_overhead,
     seed_workload,
     throughput,
@@ -34,6 +35,7 @@ SCRIPTS: list[tuple[str, Main, list[str], list[str]]] = [
     ("throughput", throughput.main, [], ["--repeats", "2"]),
     ("prefix_caching", prefix_caching.main, [], []),
     ("profile_step", profile_step.main, [], []),
+    ("queue_scaling", queue_scaling.main, [], ["--repeats", "2"]),
 ]
 
 

@@ -14,8 +14,9 @@ Per-step cost does not grow with the waiting queue. The state is not observed (t
 walks every live request): ``--plot``'s timeline reads the scheduler's counters, and
 a stopped run observes once, at the end. Arrivals can be admitted lazily
 (``Arrivals``, ``admission_window``): under a policy that serves the stored order, a
-step reads at most the first ``max_num_seqs + 1`` waiting requests, so the rest may
-wait outside the engine (and the spec) without changing one decision.
+step reads only the first few waiting requests (one more than it can admit: no more
+than the seats, the free blocks, the token budget), so the rest may wait outside the
+engine (and the spec) without changing one decision.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from kvsched.results import RequestOutcome, StepSample
 from kvsched.workload import WorkloadRequest
 from spec.kv import cdiv
 from spec.policies import POLICIES, stored_order
+from spec.profiles import running_capped
 from spec.types import (
     DuplicateRequestError,
     FinishedRequest,
@@ -74,29 +76,44 @@ def step_bound(workload: Sequence[WorkloadRequest]) -> int:
     return last + 1 + 4 * len(workload) * (longest + 2) + 100
 
 
-def admission_window(config: SchedulerConfig) -> int | None:
-    """The waiting requests a step can read, or ``None`` if it may read them all.
+Window = Callable[[int, int], int]  # (running, free GPU blocks) -> waiting requests read
 
-    Phase C (R8) walks the waiting queue in the policy's order, admits at most
-    ``max_num_seqs`` requests and stops at the first that does not fit; phases A and
-    B never read it. Under a policy that serves the stored order (``lifo``,
-    ``fewest-outputs``, ``reserve``) the requests behind the first ``max_num_seqs + 1``
-    therefore never change a step. A policy that reorders (``priority``) may serve
-    any of them next: ``None``.
+
+def admission_window(config: SchedulerConfig) -> Window | None:
+    """How many waiting requests the next step can read, or ``None`` if it may read all.
+
+    Phase C (R8) walks the waiting queue in the policy's order and stops at the first
+    request that does not fit; phases A and B never read it. Each request it admits
+    takes a seat (``max_num_seqs`` less the running ones, or ``max_num_seqs`` per step
+    under nano-vllm), at least one token of the budget and at least one free GPU
+    block (a cache hit covers whole blocks only, and the chunk has a token more), and
+    phase A only takes blocks before it. So with ``r`` running and ``f`` free blocks
+    before the step, it admits at most ``min(seats, f, max_num_batched_tokens)``; one
+    more is handed in, so that the waiting head after the step (what ``--plot`` shows)
+    is the one an eager run would have. Under a policy that serves the stored order
+    (``lifo``, ``fewest-outputs``, ``reserve``) the requests behind those never change
+    a step. A policy that reorders (``priority``) may serve any of them next: ``None``.
+    tests/cli/test_arrivals.py holds lazy runs to eager ones.
     """
     policy = POLICIES.get(config.policy)
     if policy is None or policy.order_waiting is not stored_order:
         return None
-    return config.max_num_seqs + 1
+    capped = running_capped(config)
+
+    def window(num_running: int, num_free_blocks: int) -> int:
+        seats = config.max_num_seqs - (num_running if capped else 0)
+        return max(0, min(seats, num_free_blocks, config.max_num_batched_tokens)) + 1
+
+    return window
 
 
 class Arrivals:
     """The workload in arrival order, handed to the scheduler when due (``due``).
 
-    Eager (``window=None``): each request at its ``arrival_step``. Lazy (``window=w``):
-    an arrived request waits here, in order, while the scheduler's waiting queue
-    (``num_waiting()``) holds ``w`` or more; with ``w`` from ``admission_window`` no
-    decision changes, and a step's cost does not grow with the queue.
+    Eager (``room=None``): each request at its ``arrival_step``. Lazy: an arrived
+    request waits here, in order, while ``room()`` (the waiting requests the next
+    step can read, less those the scheduler holds: ``admission_window``) is not
+    positive; no decision changes, and a step's cost does not grow with the queue.
 
     R4 judges a duplicate id against the requests live when it arrives, so a lazy
     arrival whose id is live in the scheduler is handed out at once (to be refused as
@@ -106,21 +123,14 @@ class Arrivals:
     """
 
     def __init__(
-        self,
-        workload: Sequence[WorkloadRequest],
-        *,
-        window: int | None = None,
-        num_waiting: Callable[[], int] | None = None,
+        self, workload: Sequence[WorkloadRequest], *, room: Callable[[], int] | None = None
     ) -> None:
-        if window is not None and num_waiting is None:
-            raise ValueError("a lazy window needs num_waiting")
         self._workload = workload
         self._order = sorted(range(len(workload)), key=lambda i: workload[i].arrival_step)
         self._next = 0
         self._held: deque[int] = deque()
         self._held_ids: Counter[str] = Counter()
-        self._window = window
-        self._num_waiting = num_waiting
+        self._room = room
         self.live: dict[str, int] = {}
 
     @property
@@ -153,13 +163,13 @@ class Arrivals:
                 while self._held:
                     yield self._release()
                 yield i
-            elif self._window is None or rid in self.live:
+            elif self._room is None or rid in self.live:
                 yield i
             else:
                 self._held.append(i)
                 self._held_ids[rid] += 1
-        if self._window is not None and self._num_waiting is not None:
-            while self._held and self._num_waiting() < self._window:
+        if self._room is not None:
+            while self._held and self._room() > 0:
                 yield self._release()
 
     def accepted(self, i: int) -> None:
@@ -235,6 +245,17 @@ def sample(engine: Engine, plan: StepPlan) -> StepSample:
     )
 
 
+def _engine_room(engine: Engine, window: Window) -> Callable[[], int]:
+    """The waiting requests ``engine``'s next step can read beyond those it holds."""
+    scheduler = engine.scheduler
+
+    def room() -> int:
+        reads = window(len(scheduler.running), scheduler.gpu.num_free_blocks)
+        return reads - len(scheduler.waiting)
+
+    return room
+
+
 def _stopped_outcomes(
     engine: Engine,
     workload: Sequence[WorkloadRequest],
@@ -264,18 +285,18 @@ def drive(
     on_step: StepCallback | None = None,
     record_timeline: bool = False,
     max_steps: int | None = None,
-    window: int | None = None,
+    window: Window | None = None,
     stop: Callable[[], str | None] | None = None,
 ) -> Drive:
-    """Run ``workload`` through ``engine``; ``window``: lazy arrivals (``Arrivals``).
+    """Run ``workload`` through ``engine``; ``window``: lazy arrivals (``Arrivals``,
+    ``admission_window``).
 
     ``stop`` is read before each step: once it gives a reason (``"SIGINT"``) the drive
     ends there, with every request unfinished at that point reported partial or not
     started.
     """
     n = len(workload)
-    scheduler = engine.scheduler
-    arrivals = Arrivals(workload, window=window, num_waiting=lambda: len(scheduler.waiting))
+    arrivals = Arrivals(workload, room=None if window is None else _engine_room(engine, window))
     outcomes: list[RequestOutcome | None] = [None] * n
     result = Drive(outcomes=[])
     bound = step_bound(workload) if max_steps is None else max_steps

@@ -45,7 +45,7 @@ from typing import TypeVar
 
 import spec
 from kvsched.diff import first_difference, short_repr
-from kvsched.drive import Arrivals, StepCallback, step_bound
+from kvsched.drive import Arrivals, StepCallback, Window, step_bound
 from kvsched.errors import DrainError
 from kvsched.peers.protocol import (
     Hidden,
@@ -354,6 +354,16 @@ class LockstepReport:
         return self.divergence is None
 
 
+def _spec_room(lock: Lockstep, window: Window) -> Callable[[], int]:
+    """The waiting requests the next step can read beyond those both sides hold."""
+
+    def room() -> int:
+        state = lock.state
+        return window(len(state.running), state.num_free_gpu_blocks) - len(state.waiting)
+
+    return room
+
+
 def run_workload(
     peer: SchedulerUnderTest,
     config: SchedulerConfig,
@@ -362,12 +372,13 @@ def run_workload(
     *,
     max_steps: int | None = None,
     on_step: StepCallback | None = None,
-    window: int | None = None,
+    window: Window | None = None,
 ) -> LockstepReport:
     """Add each request at its ``arrival_step``; step until both drain; stop at a divergence.
 
-    ``window``: arrivals admitted lazily (``kvsched.drive.Arrivals``, with the window of
-    ``admission_window``), so that a step's cost does not grow with the waiting queue.
+    ``window``: arrivals admitted lazily (``kvsched.drive.Arrivals``, the window of
+    ``admission_window`` read from the spec's state), so that a step's cost does not
+    grow with the waiting queue.
     Raises ``DrainError`` if they agree but do not drain within the bound.
     """
     bound = step_bound(workload) if max_steps is None else max_steps
@@ -375,10 +386,7 @@ def run_workload(
     lock: Lockstep | None = None
     try:
         lock = Lockstep(peer, config, next_token)
-        spec_side = lock
-        arrivals = Arrivals(
-            workload, window=window, num_waiting=lambda: len(spec_side.state.waiting)
-        )
+        arrivals = Arrivals(workload, room=None if window is None else _spec_room(lock, window))
         while True:
             added = False
             for i in arrivals.due(lock.steps):
