@@ -21,6 +21,7 @@ from bench import (
     queue_scaling,
     scheduler_overhead,
     seed_workload,
+    startup,
     throughput,
 )
 
@@ -36,6 +37,7 @@ SCRIPTS: list[tuple[str, Main, list[str], list[str]]] = [
     ("prefix_caching", prefix_caching.main, [], []),
     ("profile_step", profile_step.main, [], []),
     ("queue_scaling", queue_scaling.main, [], ["--repeats", "2"]),
+    ("startup", startup.main, [], []),
 ]
 
 

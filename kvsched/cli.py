@@ -398,9 +398,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         except KeyboardInterrupt:  # where no handler could be installed (not the main thread)
             _fail("interrupted (nothing written)")
             return exit_code(signal.SIGINT)
-        except BrokenPipeError:  # ``kvsched ... | head``: the reader has all it wanted
-            _silence_stdout()
-            return exit_code(signal.SIGPIPE)
 
 
 def _main(argv: Sequence[str] | None, signals: Signals) -> int:
@@ -417,6 +414,9 @@ def _main(argv: Sequence[str] | None, signals: Signals) -> int:
     except (CLIInputError, ConfigError) as e:
         _fail(str(e))
         return 2
+    except BrokenPipeError:  # ``kvsched ... | head``: the reader has all it wanted
+        _silence_stdout()
+        return exit_code(signal.SIGPIPE)
     except OSError as e:
         _fail(_describe_os_error(e))
         return 2

@@ -16,7 +16,6 @@ import argparse
 import io
 import sys
 from collections import Counter
-from collections.abc import Sequence
 from pathlib import Path
 
 from kvsched import conform as lockstep_conform
@@ -41,14 +40,12 @@ from model import LlamaForCausalLM
 from spec.types import PreemptionMode, SchedulerConfig
 
 
-def _model(
-    args: argparse.Namespace, config: SchedulerConfig, workload: Sequence[WorkloadRequest]
-) -> LlamaForCausalLM:
+def _model(args: argparse.Namespace, config: SchedulerConfig) -> LlamaForCausalLM:
     """The model, then the KV pools against the memory free; a swap mode that cannot
     swap is warned about (once: ``--reference`` builds an engine per request)."""
     model = model_setup.load_model(args)
     if not getattr(args, "reference", False):
-        model_setup.check_kv_fits(config, model, workload)
+        model_setup.check_kv_fits(config, model)
     if config.preemption_mode is PreemptionMode.SWAP and config.num_cpu_blocks == 0:
         warn(
             "--preemption-mode swap with --num-cpu-blocks 0: there is no CPU pool, so "
@@ -78,13 +75,15 @@ def run(
     workload: list[WorkloadRequest],
     config: SchedulerConfig,
 ) -> int:
-    model = _model(args, config, workload)
+    model = _model(args, config)
 
     def factory(c: SchedulerConfig) -> Engine:
         return model_setup.make_engine(c, args, model)
 
     label = "kvsched run --reference" if args.reference else "kvsched run"
     engine = None if args.reference else factory(config)
+    if engine is not None:
+        model_setup.warn_large_pool(config, model, workload)
     with (
         signals.deferred(),
         CommandProgress(label, len(workload), enabled=wanted(quiet=args.quiet)) as bar,
@@ -137,16 +136,15 @@ def conform(
     peer: SchedulerUnderTest
     try:
         if args.engine == "kvsched":
-            peer = EngineAdapter(
-                model_setup.make_engine(config, args, _model(args, config, workload))
-            )
+            model = _model(args, config)
+            peer = EngineAdapter(model_setup.make_engine(config, args, model))
+            model_setup.warn_large_pool(config, model, workload)
         else:
             eos = common_eos(r.params for r in workload) if args.engine == "nano-vllm" else None
             peer = make_peer(args.engine, config, eos_token_id=eos)
     except PeerUnsupportedError as e:
         raise CLIInputError(flag_names(str(e))) from None
     progress = [0, 0]  # steps, requests done: where a signal stopped it
-
     with (
         signals.deferred(),
         CommandProgress("kvsched conform", len(workload), enabled=wanted(quiet=args.quiet)) as bar,
@@ -158,24 +156,28 @@ def conform(
             if signals.received is not None:  # at a step boundary: both sides agree here
                 raise Interrupted(signals.received)
 
+        outcome: lockstep_conform.ConformReport | Interrupted
         try:
-            result = lockstep_conform.conform(
+            outcome = lockstep_conform.conform(
                 peer, config, workload, oracle_vocab=args.oracle_vocab, on_step=on_step
             )
         except Interrupted as e:
-            steps, done = progress
-            emit(
-                f"conform: stopped by {e} after step {steps}: spec and engine agree at all "
-                f"{steps} steps so far ({done} of {len(workload)} requests done; "
-                f"{lockstep_conform.setup(config, args.engine)})"
-            )
-            return e.exit_code
+            outcome = e
         except PeerUnsupportedError as e:
             raise CLIInputError(flag_names(str(e))) from None
-    emit(lockstep_conform.render(result, config, args.engine))
-    if args.show_states and result.divergence is not None:
-        emit(describe_states(result.divergence))
-    return 0 if result.ok else 1
+    # After the bar is gone: while it is drawn, rich redirects stdout to it.
+    if isinstance(outcome, Interrupted):
+        steps, done = progress
+        emit(
+            f"conform: stopped by {outcome} after step {steps}: spec and engine agree at all "
+            f"{steps} steps so far ({done} of {len(workload)} requests done; "
+            f"{lockstep_conform.setup(config, args.engine)})"
+        )
+        return outcome.exit_code
+    emit(lockstep_conform.render(outcome, config, args.engine))
+    if args.show_states and outcome.divergence is not None:
+        emit(describe_states(outcome.divergence))
+    return 0 if outcome.ok else 1
 
 
 def demo(args: argparse.Namespace) -> int:

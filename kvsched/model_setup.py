@@ -2,8 +2,8 @@
 
 ``load_model`` builds the model (a local Hugging Face Llama checkpoint, or the
 built-in tiny seeded model); ``check_kv_fits`` refuses KV pools larger than the
-memory free and warns about a pool far larger than the workload can use;
-``make_engine`` builds an ``LLMEngine`` over a shared model, and an allocation that
+memory free, ``warn_large_pool`` warns about one far larger than the workload can
+use; ``make_engine`` builds an ``LLMEngine`` over a shared model, and an allocation that
 fails anyway (a container whose ``MemAvailable`` is the host's) is a typed
 ``KVAllocationError`` with the size asked for.
 """
@@ -149,11 +149,8 @@ def workload_blocks(workload: Sequence[WorkloadRequest], block_size: int) -> int
     return sum(cdiv(len(r.prompt) + max(r.params.max_tokens, 0), block_size) for r in workload)
 
 
-def check_kv_fits(
-    config: SchedulerConfig, model: LlamaForCausalLM, workload: Sequence[WorkloadRequest]
-) -> None:
-    """Refuse KV pools larger than the free memory, before allocating them; warn about
-    a GPU pool of ``LARGE_POOL_BYTES`` or more that ``workload`` cannot fill half of.
+def check_kv_fits(config: SchedulerConfig, model: LlamaForCausalLM) -> None:
+    """Refuse KV pools larger than the free memory, before allocating them.
 
     Allocating too much anyway fails late with an untyped error or, on the host, first
     drives the machine into swap.
@@ -168,6 +165,13 @@ def check_kv_fits(
                 f"needs {size / GIB:.1f} GiB, more than the {free / GIB:.1f} GiB "
                 f"free on {place}"
             )
+
+
+def warn_large_pool(
+    config: SchedulerConfig, model: LlamaForCausalLM, workload: Sequence[WorkloadRequest]
+) -> None:
+    """Warn about a GPU pool of ``LARGE_POOL_BYTES`` or more that ``workload`` cannot
+    fill half of (once it is allocated: allocating it took that memory and time)."""
     gpu = config.num_gpu_blocks * kv_block_bytes(model, config.block_size)
     usable = workload_blocks(workload, config.block_size)
     if gpu >= LARGE_POOL_BYTES and 2 * usable < config.num_gpu_blocks:

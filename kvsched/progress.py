@@ -13,6 +13,8 @@ import sys
 from types import TracebackType
 from typing import TYPE_CHECKING, TextIO
 
+from kvsched.text import one_line
+
 if TYPE_CHECKING:
     from rich.progress import Progress, TaskID
 
@@ -85,8 +87,8 @@ class CommandProgress:
 def notice(message: str, *, quiet: bool) -> None:
     """A one-line report of what a command did (``wrote w.jsonl (64 requests)``)."""
     if not quiet:
-        print(f"{PROG}: {message}", file=sys.stderr)
+        print(f"{PROG}: {one_line(message)}", file=sys.stderr)
 
 
 def warn(message: str) -> None:
-    print(f"{PROG}: warning: {message}", file=sys.stderr)
+    print(f"{PROG}: warning: {one_line(message)}", file=sys.stderr)
