@@ -48,13 +48,17 @@ CASES: list[tuple[str, list[str], int]] = [
 ]  # fmt: skip
 
 
-def time_command(argv: list[str], expected: int, tree: str | None = None) -> float:
+def time_command(argv: list[str], expected: int, cwd: str, tree: str | None = None) -> float:
+    """Seconds ``python -m kvsched ARGV`` takes, run in ``cwd`` (``-m`` puts the working
+    directory first on ``sys.path``: not a source tree, so ``tree`` or the installed
+    package is what runs)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     if tree is not None:
         env["PYTHONPATH"] = tree
     start = time.perf_counter()
     code = subprocess.run(
         [sys.executable, "-m", "kvsched", *argv],
+        cwd=cwd,
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -92,7 +96,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             for name, template, expected in cases:
                 command = [a.format(w=good, bad=bad, o=out) for a in template]
                 for tree in trees:
-                    seconds = time_command(command, expected, tree)
+                    seconds = time_command(command, expected, tmp, tree)
                     times.setdefault((name, tree), []).append(seconds)
             loads.append(load_average())
     headers = ["command", "median s", "min..max"]
