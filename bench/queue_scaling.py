@@ -28,7 +28,13 @@ saves.
 (``generated tokens / tokens_per_s`` of the JSON; recompute mode, so every sampled
 token is an output).
 
-Usage: ``python -m bench.queue_scaling [--quick] [--full 100000]``.
+``--baseline TREE`` also times another source tree's ``kvsched run`` loop on the same
+workloads (``git archive COMMIT | tar -x -C TREE``), once per size and over fewer
+steps (``BASELINE_STEPS``: it may be slow), in a subprocess: the before of a change.
+It drives the tree's ``kvsched.drive.drive`` with the timeline on, as its ``kvsched
+run`` did, and ends it with ``max_steps``.
+
+Usage: ``python -m bench.queue_scaling [--quick] [--full 100000] [--baseline TREE]``.
 """
 
 from __future__ import annotations
@@ -72,6 +78,7 @@ from model import LlamaForCausalLM, build_tiny_model
 from spec.types import SchedulerConfig
 
 WARMUP = 20
+BASELINE_STEPS = 30  # after 5 warm-up steps
 CONFIG = SchedulerConfig(num_gpu_blocks=64, block_size=16)  # the CLI's defaults
 COMMANDS = ("run", "run --plot", "conform")
 
@@ -168,6 +175,50 @@ def bytes_per_waiting_request(model: LlamaForCausalLM, sizes: Sequence[int]) -> 
     return (held[1] - held[0]) / n, (inside[1] - inside[0]) / n
 
 
+BASELINE = """
+import sys, time
+from impl import LLMEngine
+from kvsched.distributions import IntDistribution
+from kvsched.drive import drive
+from kvsched.errors import DrainError
+from kvsched.workload import GeneratorSettings, generate_workload
+from model import build_tiny_model
+from spec.types import SchedulerConfig
+
+waiting, steps = int(sys.argv[1]), int(sys.argv[2])
+settings = GeneratorSettings(
+    num_requests=waiting + 8, seed=0, prompt_len=IntDistribution("uniform", 16, 16),
+    max_tokens=IntDistribution("uniform", 200, 200), ignore_eos=True,
+)
+workload = generate_workload(settings)
+config = SchedulerConfig(num_gpu_blocks=64, block_size=16)
+engine = LLMEngine(config, model=build_tiny_model(seed=0), threads=1)
+marks = []
+def on_step(step, done):
+    if step in (5, 5 + steps):
+        marks.append(time.perf_counter())
+try:
+    drive(engine, workload, on_step=on_step, max_steps=5 + steps)
+except DrainError:
+    pass
+print(steps / (marks[1] - marks[0]))
+"""
+
+
+def baseline_steps_per_s(tree: str, waiting: int) -> float:
+    """``BASELINE``'s steps/s for ``tree`` with ``waiting`` requests waiting."""
+    with tempfile.TemporaryDirectory() as tmp:  # not a source tree: ``-c`` puts cwd first
+        out = subprocess.run(
+            [sys.executable, "-c", BASELINE, str(waiting), str(BASELINE_STEPS)],
+            cwd=tmp,
+            env={**os.environ, "PYTHONPATH": tree, "OMP_NUM_THREADS": "1"},
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+    return float(out)
+
+
 def full_run(num_requests: int) -> list[str]:
     """The whole command line on a generated workload: wall time against engine time."""
     kvsched = [sys.executable, "-m", "kvsched"]
@@ -212,6 +263,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--full", type=int, default=0, metavar="N", help="also the whole CLI on N requests"
     )
+    parser.add_argument("--baseline", metavar="TREE", help="also time this source tree's loop")
     args = parser.parse_args(argv)
     setup_torch(args)
     sizes = [10, 100, 1000] if args.quick else [100, 10_000, 100_000]
@@ -238,6 +290,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                     for m, n in zip(medians, sizes, strict=True)
                 ),
                 f"{max(medians) / min(medians):.2f}x",
+            ]
+        )
+    if args.baseline is not None:
+        before = [baseline_steps_per_s(args.baseline, n) for n in sizes]
+        rows.append(
+            [
+                f"baseline {args.baseline}: kvsched run (1 run, {BASELINE_STEPS} steps)",
+                *(f"{b:,.1f}" for b in before),
+                f"{max(before) / min(before):.2f}x",
             ]
         )
     headers = ["command", *(f"{n:,} waiting" for n in sizes), "fastest / slowest"]

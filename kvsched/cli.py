@@ -33,8 +33,8 @@ from typing import NoReturn
 
 from kvsched import argtypes, engine_options
 from kvsched.errors import CLIInputError
-from kvsched.files import check_output_path, replacing
-from kvsched.interrupt import Interrupted, Signals, exit_code, signal_name
+from kvsched.files import check_output_path, replacing, writing_stdout
+from kvsched.interrupt import Interrupted, Signals, exit_code, handled, signal_name
 from kvsched.peers import PEERS, PROFILES
 from kvsched.plot import PLOT_FORMATS
 from kvsched.progress import PROG, CommandProgress, notice, wanted
@@ -300,13 +300,8 @@ def cmd_workload(args: argparse.Namespace, signals: Signals) -> int:
     with bar:
         requests = generate_workload(settings, on_progress=lambda k: bar.update(0, k))
         if args.output is None:
-            try:
-                dump_workload(requests, sys.stdout)
-                sys.stdout.flush()
-            except BrokenPipeError:
-                raise
-            except OSError as e:
-                raise CLIInputError(f"stdout: cannot be written: {e.strerror or e}") from None
+            with writing_stdout() as out:
+                dump_workload(requests, out)
         else:
             with replacing("-o", args.output) as f:
                 text = io.TextIOWrapper(f, encoding="utf-8")
@@ -389,7 +384,7 @@ def _silence_stdout() -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     _tolerant_streams()
-    with Signals() as signals:
+    with handled() as signals:
         try:
             return _main(argv, signals)
         except Interrupted as e:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import signal
 import sys
 from collections import Counter
 from pathlib import Path
@@ -121,7 +122,7 @@ def run(
             )
     if result.interrupted is not None:
         print(one_line(_stopped_line(result, args.plot)), file=sys.stderr)
-        return exit_code(signals.received or 0)
+        return exit_code(signal.Signals[result.interrupted])
     if args.plot is not None:
         notice(f"wrote {args.plot} (KV timeline, {result.metrics.steps} steps)", quiet=args.quiet)
     return 0

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, TextIO
 
 from kvsched.errors import CLIInputError
 from kvsched.text import one_line
@@ -114,14 +115,22 @@ def replacing(option: str, path: str) -> Iterator[BinaryIO]:
         raise
 
 
-def emit(text: str) -> None:
-    """Print a result on stdout; a failure to write it names stdout.
+@contextlib.contextmanager
+def writing_stdout() -> Iterator[TextIO]:
+    """stdout, flushed at the end; a failure to write it names stdout.
 
     A broken pipe (``| head``) is let through: ``kvsched.cli`` ends quietly on it.
     """
     try:
-        print(text, flush=True)
+        yield sys.stdout
+        sys.stdout.flush()
     except BrokenPipeError:
         raise
     except OSError as e:
         raise CLIInputError(f"stdout: cannot be written: {e.strerror or e}") from None
+
+
+def emit(text: str) -> None:
+    """Print a result (a line or several) on stdout (``writing_stdout``)."""
+    with writing_stdout() as out:
+        print(text, file=out)

@@ -19,7 +19,7 @@ import contextlib
 import signal
 import threading
 from collections.abc import Iterator
-from types import FrameType, TracebackType
+from types import FrameType
 from typing import Any
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -47,7 +47,7 @@ def exit_code(signum: int) -> int:
 
 
 class Signals:
-    """The command's SIGINT and SIGTERM handlers, installed for the ``with`` block.
+    """The command's SIGINT and SIGTERM handlers (``handled`` installs them).
 
     In a thread other than the main one (where Python allows no handlers) nothing is
     installed and nothing is ever requested.
@@ -58,18 +58,12 @@ class Signals:
         self._deferring = False
         self._previous: dict[int, Any] = {}
 
-    def __enter__(self) -> Signals:
+    def install(self) -> None:
         if threading.current_thread() is threading.main_thread():
             for signum in SIGNALS:
                 self._previous[signum] = signal.signal(signum, self._handle)
-        return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def restore(self) -> None:
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
         self._previous.clear()
@@ -94,3 +88,14 @@ class Signals:
     def requested(self) -> str | None:
         """The signal that asked the run to stop (``"SIGINT"``), read at each step boundary."""
         return None if self.received is None else signal_name(self.received)
+
+
+@contextlib.contextmanager
+def handled() -> Iterator[Signals]:
+    """The handlers for the ``with`` block; the previous ones back after it."""
+    signals = Signals()
+    signals.install()
+    try:
+        yield signals
+    finally:
+        signals.restore()

@@ -178,7 +178,7 @@ def warn_large_pool(
         warn(
             f"--num-gpu-blocks {config.num_gpu_blocks}: the KV cache takes {gpu:,} bytes "
             f"({gpu / GIB:.1f} GiB) on {model.device.type}; this workload can use at most "
-            f"{usable:,} blocks"
+            f"{usable:,} block{'' if usable == 1 else 's'}"
         )
 
 

@@ -598,5 +598,5 @@ def test_a_large_pool_warns_with_its_size(
     block = 2 * 2 * 16 * 2 * 16 * 4  # K and V, 2 layers, 16 tokens, 2 KV heads of 16, float32
     assert result.err == (
         f"kvsched: warning: --num-gpu-blocks 500: the KV cache takes {500 * block:,} bytes "
-        "(0.0 GiB) on cpu; this workload can use at most 1 blocks\n"
+        "(0.0 GiB) on cpu; this workload can use at most 1 block\n"
     )
