@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from bench._common import (
+    add_common_args,
     command_line,
     load_average,
     machine_lines,
@@ -44,7 +45,7 @@ CASES: list[tuple[str, list[str], int]] = [
     ("kvsched run bad.jsonl (line 1 bad)", ["run", "{bad}"], 2),
     ("kvsched workload -o out.jsonl (16 requests)", ["workload", "-o", "{o}"], 0),
     ("kvsched workload --num-requests 1000 -o out.jsonl", ["workload", "--num-requests", "1000", "-o", "{o}"], 0),  # noqa: E501
-    ("kvsched run w.jsonl (torch, the model, 1 request)", ["run", "{w}", "--device", "cpu"], 0),
+    ("kvsched run w.jsonl (torch, the model, 1 request)", ["run", "{w}", "--device", "{device}"], 0),  # noqa: E501
 ]  # fmt: skip
 
 
@@ -72,8 +73,7 @@ def time_command(argv: list[str], expected: int, cwd: str, tree: str | None = No
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="one run of each, no model run")
-    parser.add_argument("--repeats", type=int, default=5, help="runs of each command (5)")
+    add_common_args(parser, repeats=5)  # --quick: one run of each, no model run
     parser.add_argument("--baseline", metavar="TREE", help="also time this source tree")
     args = parser.parse_args(argv)
     trees: list[str | None] = [None] if args.baseline is None else [None, args.baseline]
@@ -94,7 +94,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         loads = [load_average()]
         for _ in range(repeats):  # interleaved: each round runs every command once
             for name, template, expected in cases:
-                command = [a.format(w=good, bad=bad, o=out) for a in template]
+                command = [a.format(w=good, bad=bad, o=out, device=args.device) for a in template]
                 for tree in trees:
                     seconds = time_command(command, expected, tmp, tree)
                     times.setdefault((name, tree), []).append(seconds)
