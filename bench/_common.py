@@ -15,8 +15,9 @@ from typing import ParamSpec, TypeVar
 import torch
 
 from impl import LLMEngine
+from impl.engine import EngineStalledError, drain_step_limit
 from model import LlamaForCausalLM, resolve_device
-from spec.types import FinishedRequest, SamplingParams, SchedulerConfig
+from spec.types import FinishedRequest, SamplingParams, SchedulerConfig, SchedulerState
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -147,3 +148,18 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> 
     for row in cells[1:]:
         lines.append("| " + " | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) + " |")
     return "\n".join(lines)
+
+
+class DrainLimit:
+    """The step budget of a run whose requests arrive over time: until the last one has
+    arrived its arrival step bounds the run; from then on ``drain_step_limit`` of the
+    state then (past it the engine is stuck: ``EngineStalledError``, never a hang)."""
+
+    def __init__(self) -> None:
+        self.limit: int | None = None
+
+    def check(self, step: int, all_arrived: bool, observe: Callable[[], SchedulerState]) -> None:
+        if all_arrived and self.limit is None:
+            self.limit = step + drain_step_limit(observe())
+        if self.limit is not None and step >= self.limit:
+            raise EngineStalledError(f"not drained within {self.limit} steps: {observe()}")

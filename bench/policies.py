@@ -54,6 +54,7 @@ from dataclasses import dataclass
 import torch
 
 from bench._common import (
+    DrainLimit,
     add_common_args,
     command_line,
     markdown_table,
@@ -119,11 +120,13 @@ def run_once(
     step = 0
     i = 0
     cpu_s = 0.0
+    limit = DrainLimit()
     while i < len(pending) or engine.has_unfinished_requests():
         while i < len(pending) and pending[i].arrival_step <= step:
             r = pending[i]
             engine.add_request(r.request_id, list(r.prompt), r.params)
             i += 1
+        limit.check(step, i == len(pending), engine.observe)
         started = time.process_time()
         plan = engine.step()
         cpu_s += time.process_time() - started
@@ -250,11 +253,13 @@ def schedule_only(config: SchedulerConfig, workload: Sequence[WorkloadRequest]) 
     finish_steps: list[int] = []
     preemptions = recomputed = scheduled = generated = 0
     i = 0
+    limit = DrainLimit()
     while i < len(pending) or scheduler.has_unfinished_requests():
         while i < len(pending) and pending[i].arrival_step <= scheduler.num_steps:
             r = pending[i]
             scheduler.add_request(r.request_id, r.prompt, r.params)
             i += 1
+        limit.check(scheduler.num_steps, i == len(pending), scheduler.observe)
         out = scheduler.schedule()
         finished = scheduler.commit(out, [1] * out.num_samples)
         preemptions += len(out.preempted)

@@ -37,6 +37,7 @@ from dataclasses import dataclass, replace
 
 from bench._common import add_common_args, command_line, markdown_table, print_header, setup_torch
 from impl import LLMEngine, Scheduler
+from impl.engine import EngineStalledError, drain_step_limit
 from kvsched.demo import SeedFigures, seed_config, seed_workload
 from kvsched.workload import WorkloadRequest
 from model import LlamaForCausalLM, build_tiny_model
@@ -166,7 +167,10 @@ def schedule_only(config: SchedulerConfig) -> SweepResult:
     for r in seed_workload():
         scheduler.add_request(r.request_id, r.prompt, r.params)
     steps = preemptions = forward = recomputed = 0
+    limit = drain_step_limit(scheduler.observe())
     while scheduler.has_unfinished_requests():
+        if steps == limit:
+            raise EngineStalledError(f"{config}: not drained within {limit} steps")
         out = scheduler.schedule()
         scheduler.commit(out, [9] * out.num_samples)
         steps += 1

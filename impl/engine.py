@@ -45,6 +45,7 @@ from spec.types import (
     ConfigError,
     DuplicateRequestError,
     FinishedRequest,
+    KVSchedError,
     PreemptionMode,
     SampledTokensError,
     SamplingParams,
@@ -111,6 +112,31 @@ def set_num_threads(model: LlamaForCausalLM, threads: int | None) -> int:
     return threads
 
 
+class EngineStalledError(KVSchedError, RuntimeError):
+    """``generate()`` stepped past ``drain_step_limit`` with its requests still live."""
+
+
+def drain_step_limit(state: SchedulerState) -> int:
+    """A generous bound on the steps until every live request of ``state`` has finished,
+    past which ``generate()`` reports a stuck engine instead of looping.
+
+    Per request, what it takes as the head of the engine: its whole sequence prefilled
+    in budget-sized chunks, then one step per output, ``cdiv(P + M, B) + M`` (the
+    spec's drain bound, docs/semantics.md, "Why every accepted request finishes", never
+    charges a request more); for ``n`` live requests, ``(n + 1)`` times the sum, plus
+    ``n``, as if each could lose all its progress once to each other one (so it holds
+    under every policy, not only those the LIFO proof covers).
+    """
+    live = (*state.waiting, *state.running, *state.swapped)
+    budget = state.config.max_num_batched_tokens
+    per_request = sum(
+        cdiv(len(r.request.prompt_token_ids) + r.request.params.max_tokens, budget)
+        + r.request.params.max_tokens
+        for r in live
+    )
+    return (len(live) + 1) * per_request + len(live)
+
+
 def _zero_by_mode() -> dict[PreemptionMode, int]:
     return dict.fromkeys(PreemptionMode, 0)
 
@@ -141,6 +167,7 @@ class EngineMetrics:
       requests (looked up), ``prefix_cache_hits`` the tokens of theirs found cached
       (not run through the model), ``prefix_cache_hit_rate`` their ratio, and
       ``reclaimed_cached_blocks`` the cached blocks reclaimed for other content.
+      With caching off every admission is looked up too, and nothing hits.
     """
 
     steps: int = 0
@@ -290,8 +317,7 @@ class LLMEngine:
         With prefix caching, also the cached blocks reclaimed in this step: a rollback
         gives them their keys back, so their K/V must survive the failed forward.
         """
-        cache = self.scheduler.prefix_cache
-        reclaimed = [] if cache is None else cache.reclaimed_blocks()
+        reclaimed = self.scheduler.gpu.reclaimed_blocks()
         if not out.preempted:
             return reclaimed
         given_up = {block for record in out.preempted for block in record.gpu_blocks}
@@ -318,9 +344,7 @@ class LLMEngine:
         metrics.generated_tokens += out.num_samples
         metrics.prefix_cache_queries += out.num_queried_tokens
         metrics.prefix_cache_hits += out.num_hit_tokens
-        cache = self.scheduler.prefix_cache
-        if cache is not None:
-            metrics.reclaimed_cached_blocks += cache.num_reclaimed
+        metrics.reclaimed_cached_blocks += self.scheduler.gpu.num_reclaimed
         metrics.peak_gpu_blocks_used = max(metrics.peak_gpu_blocks_used, gpu_blocks_used)
         capacity = self.config.num_gpu_blocks * self.config.block_size
         metrics.kv_utilization_sum += tokens_in_cache / capacity
@@ -333,7 +357,9 @@ class LLMEngine:
 
         All requests are checked (R4) before any is added, so a bad one raises and
         adds nothing. Requests already in the engine keep running alongside; their
-        results are reported in the plans this call consumes, not returned.
+        results are reported in the plans this call consumes, not returned. An engine
+        that has not finished them within ``drain_step_limit`` steps is stuck (a
+        scheduling bug): ``EngineStalledError``, never an endless loop.
         """
         ids = [request_id for request_id, _, _ in requests]
         if len(set(ids)) != len(ids):
@@ -344,7 +370,14 @@ class LLMEngine:
             self.add_request(request_id, prompt, params)
         results: dict[str, FinishedRequest] = {}
         pending = set(ids)
+        limit = drain_step_limit(self.observe())
+        steps = 0
         while pending:
+            if steps == limit:
+                raise EngineStalledError(
+                    f"{sorted(pending)} not finished after {steps} steps: {self.observe()}"
+                )
+            steps += 1
             for finished in self.step().finished:
                 if finished.request_id in pending:
                     pending.discard(finished.request_id)

@@ -31,7 +31,6 @@ def check_invariants(sched: Scheduler) -> None:
         (_RUNNING, sched.running),
         (_SWAPPED, list(sched.swapped)),
     ]
-    gpu_owned = 0
     cpu_owned = 0
     cached = 0
     for status, queue in queues:
@@ -49,19 +48,17 @@ def check_invariants(sched: Scheduler) -> None:
                 owned = cdiv(seq.num_computed, bs)
                 if status is _RUNNING:
                     assert len(seq.block_table) == owned and not seq.cpu_block_table, seq
-                    gpu_owned += owned
                     cached += seq.num_computed
                 else:
                     assert len(seq.cpu_block_table) == owned and not seq.block_table, seq
                     cpu_owned += owned
     assert seen == set(sched.requests), "a live request is in no queue"
-    cache = sched.prefix_cache
-    if cache is not None:
-        # PC1: shared blocks count once, and each one's reference count is its holders.
-        holders = Counter(block for seq in sched.running for block in seq.block_table)
-        gpu_owned = len(holders)
-        for block, count in holders.items():
-            assert cache.ref_count(block) == count, f"block {block}: wrong reference count"
+    # PC1: a block shared by prefix caching counts once, and each block's reference
+    # count is its holders (1 in a pool without caching, which shares nothing).
+    holders = Counter(block for seq in sched.running for block in seq.block_table)
+    for block, count in holders.items():
+        assert sched.gpu.ref_count(block) == count, f"block {block}: wrong reference count"
+    gpu_owned = len(holders)
     assert sched.gpu.num_free_blocks + gpu_owned == sched.gpu.num_blocks, "GPU blocks leak"
     assert sched.cpu.num_free_blocks + cpu_owned == sched.cpu.num_blocks, "CPU blocks leak"
     assert cached == sched.num_cached_tokens, "cached-token counter drifted"

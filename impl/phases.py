@@ -4,6 +4,8 @@ Phases A-C (``schedule_running``, ``swap_in``, ``admit``) decide what runs, muta
 queues and block tables and record every change in the ``SchedulerOutput`` so that
 ``impl/rollback.py`` can undo it; phase D (``commit``) applies the sampled tokens and
 finishes requests. ``Scheduler.schedule`` and ``Scheduler.commit`` call them in order.
+They ask the GPU pool (``sched.gpu``, a ``BlockPool``) the prefix-caching questions
+(PC2-PC4) whether caching is on or not; a pool without a cache answers no hit, no keys.
 
 Over ~300 lines on purpose: the phases share the loop state of one step (budget, free
 blocks, the output journal) and read best in the order they run, each next to the
@@ -43,7 +45,6 @@ def schedule_running(sched: Scheduler, out: SchedulerOutput, budget: int) -> int
     running = sched.running
     bs = sched.block_size
     gpu = sched.gpu
-    cache = sched.prefix_cache
     free = gpu.num_free_blocks
     num_scheduled = out.num_scheduled
     record = num_scheduled.append
@@ -59,30 +60,32 @@ def schedule_running(sched: Scheduler, out: SchedulerOutput, budget: int) -> int
             capped += 1
         table = seq.block_table
         end = computed + n
-        if end > len(table) * bs:  # the chunk runs past the blocks it holds
-            need = (end - 1) // bs + 1 - len(table)
-            if need > free:
-                if sched.victim_any_running:
-                    preempted_itself, tokens, count, not_sampled = make_room_any_running(
-                        sched, out, i, need
-                    )
-                    # Undone chunks leave the plan even when the request then
-                    # preempts itself (their samples must not be counted).
-                    budget += tokens
-                    i -= count
-                    capped -= not_sampled
-                else:
-                    preempted_itself = make_room(sched, out, i, need)
-                if preempted_itself:
-                    if n < remaining:
-                        capped -= 1  # it was not scheduled after all
-                    break  # the request preempted itself: phase A ends
-                nrun = len(running)
-                free = gpu.num_free_blocks
-            gpu.grow(table, len(table) + need)
-            free -= need
-        if cache is not None:  # PC2: blocks this chunk fills get their keys
-            cache.cache_blocks(seq, computed, computed + n)
+        held = len(table) * bs
+        # Most decodes stay inside their last block: nothing to grow, nothing to key.
+        if end >= held:  # the chunk fills its last block, or runs past it
+            if end > held:
+                need = (end - 1) // bs + 1 - len(table)
+                if need > free:
+                    if sched.victim_any_running:
+                        preempted_itself, tokens, count, not_sampled = make_room_any_running(
+                            sched, out, i, need
+                        )
+                        # Undone chunks leave the plan even when the request then
+                        # preempts itself (their samples must not be counted).
+                        budget += tokens
+                        i -= count
+                        capped -= not_sampled
+                    else:
+                        preempted_itself = make_room(sched, out, i, need)
+                    if preempted_itself:
+                        if n < remaining:
+                            capped -= 1  # it was not scheduled after all
+                        break  # the request preempted itself: phase A ends
+                    nrun = len(running)
+                    free = gpu.num_free_blocks
+                gpu.grow(table, len(table) + need)
+                free -= need
+            gpu.cache_blocks(seq, computed, end)  # PC2: blocks this chunk fills get keys
         record(n)
         budget -= n
         i += 1
@@ -142,10 +145,8 @@ def make_room_any_running(
         tokens += n
         count += 1
         capped += victim.num_computed + n < victim.num_tokens
-        if sched.prefix_cache is not None:  # vllm-v1/undone-chunk-unkeyed (V11)
-            sched.prefix_cache.uncache_blocks(
-                victim.block_table, victim.num_computed, victim.num_computed + n
-            )
+        # vllm-v1/undone-chunk-unkeyed (V11)
+        gpu.uncache_blocks(victim.block_table, victim.num_computed, victim.num_computed + n)
         preempt(sched, out, victim_index)
         out.preempted[-1].undone_chunk = n
         index -= 1
@@ -179,8 +180,7 @@ def preempt(sched: Scheduler, out: SchedulerOutput, index: int) -> None:
         record.dropped_outputs = seq.token_ids[seq.num_prompt_tokens :]
         del seq.token_ids[seq.num_prompt_tokens :]
         seq.num_tokens = seq.num_prompt_tokens
-        if sched.prefix_cache is not None:
-            forget_hashes(seq, seq.num_tokens, sched.block_size)
+        forget_hashes(seq, seq.num_tokens, sched.block_size)  # memoized with caching on
     seq.status = _WAITING
     sched.waiting.push_front(seq)
 
@@ -195,21 +195,20 @@ def decode_unbudgeted(sched: Scheduler, out: SchedulerOutput) -> None:
     running = sched.running
     bs = sched.block_size
     gpu = sched.gpu
-    cache = sched.prefix_cache
     limit = sched.config.max_num_seqs
     num_scheduled = out.num_scheduled
     i = 0
     while i < len(running) and i < limit:
         seq = running[i]
-        n = seq.num_tokens - seq.num_computed
+        computed = seq.num_computed
+        n = seq.num_tokens - computed
         table = seq.block_table
-        need = (seq.num_computed + n - 1) // bs + 1 - len(table)
+        need = (computed + n - 1) // bs + 1 - len(table)
         if need > 0:
             if need > gpu.num_free_blocks and make_room(sched, out, i, need):
                 break  # it preempted itself: the last candidate
             gpu.grow(table, len(table) + need)
-        if cache is not None:  # PC2: a decode that fills its block keys it
-            cache.cache_blocks(seq, seq.num_computed, seq.num_computed + n)
+        gpu.cache_blocks(seq, computed, computed + n)  # PC2: a decode that fills its block
         num_scheduled.append(n)
         i += 1
     out.num_samples = i  # every chunk completes its request
@@ -262,8 +261,6 @@ def admit(sched: Scheduler, out: SchedulerOutput, budget: int) -> int:
     policy = sched.policy
     gate = policy.has_admission_gate
     track = sched.tracks_running
-    cache = sched.prefix_cache
-    hit: list[int] = []
     full_sequence_gate = sched.full_sequence_gate
     whole_sequence_gate = sched.whole_sequence_gate
     # nano-vllm/seq-limit-per-step: max_num_seqs counts this step's admissions only.
@@ -277,8 +274,7 @@ def admit(sched: Scheduler, out: SchedulerOutput, budget: int) -> int:
             seq.num_tokens > budget or cdiv(seq.num_tokens, bs) > gpu.num_free_blocks
         ):
             break
-        if cache is not None:
-            hit = cache.lookup(seq)  # PC3
+        hit = gpu.lookup(seq)  # PC3
         start = len(hit) * bs
         n = seq.num_tokens - start
         samples = True
@@ -290,7 +286,7 @@ def admit(sched: Scheduler, out: SchedulerOutput, budget: int) -> int:
         num_blocks = cdiv(start + n, bs) - len(hit)
         free = gpu.num_free_blocks
         # PC4: a hit on a free block takes it from the free queue too.
-        evictable = 0 if cache is None else cache.num_evictable(hit)
+        evictable = gpu.num_evictable(hit)
         if num_blocks + evictable > free:
             break
         # vllm-v1/full-sequence-admission: blocks for all its tokens must be free
@@ -300,17 +296,15 @@ def admit(sched: Scheduler, out: SchedulerOutput, budget: int) -> int:
         if gate and not policy.can_admit(seq, n, running=running, num_free_blocks=free):
             break
         waiting.pop()
-        if cache is None:
-            gpu.grow(seq.block_table, num_blocks)
-        else:  # PC4: touch the hit before taking new blocks (PC5), then key them (PC2)
-            table = seq.block_table
-            cache.touch(table, hit)
-            cache.grow(table, len(hit) + num_blocks)
-            seq.num_computed = start
-            sched.num_cached_tokens += start
-            cache.cache_blocks(seq, start, start + n)
-            out.num_queried_tokens += seq.num_tokens
-            out.num_hit_tokens += start
+        # PC4: touch the hit before taking new blocks (PC5), then key them (PC2).
+        table = seq.block_table
+        gpu.touch(table, hit)
+        gpu.grow(table, len(hit) + num_blocks)
+        seq.num_computed = start
+        sched.num_cached_tokens += start
+        gpu.cache_blocks(seq, start, start + n)
+        out.num_queried_tokens += seq.num_tokens
+        out.num_hit_tokens += start
         seq.status = _RUNNING
         running.append(seq)
         if track:

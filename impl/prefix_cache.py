@@ -27,6 +27,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, cast
 
 from impl.block_manager import BlockAllocationError
+from spec.types import PrefixCacheState
 
 if TYPE_CHECKING:
     from impl.sequence import Sequence
@@ -405,6 +406,10 @@ class PrefixCachingBlockManager:
         """Nothing to do: ``undo`` restores the pool."""
 
     # --- the spec's view and checks ----------------------------------------------------
+
+    def observe(self) -> PrefixCacheState:
+        """The pool as the spec's ``PrefixCacheState`` (queue order and key order kept)."""
+        return PrefixCacheState(free_queue=tuple(self.free_queue()), cached=tuple(self.cached()))
 
     def cached(self) -> list[tuple[tuple[int, ...], int]]:
         """``(full prefix key, block)`` pairs in the order the keys were given (O(cache))."""

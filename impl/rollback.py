@@ -77,8 +77,7 @@ def rollback(sched: Scheduler, out: SchedulerOutput) -> None:
     out.swap_in.clear()
     out.num_samples = 0
     sched.num_cached_tokens = out.num_cached_tokens_before
-    if sched.prefix_cache is not None:
-        sched.prefix_cache.undo()  # the pool: free queue order, reference counts, keys
+    gpu.undo()  # a caching pool's journal: free queue order, reference counts, keys
 
 
 def unpreempt(sched: Scheduler, record: PreemptionRecord) -> None:

@@ -39,7 +39,7 @@ from collections.abc import Sequence as SequenceABC
 from dataclasses import replace
 
 from impl import phases
-from impl.block_manager import BlockManager, cdiv
+from impl.block_manager import BlockManager, BlockPool, cdiv
 from impl.invariants import check_invariants
 from impl.plan import make_plan
 from impl.policies import Policy, make_policy
@@ -56,7 +56,6 @@ from spec.types import (
     InvalidMaxTokensError,
     InvalidSamplingParamsError,
     PreemptionMode,
-    PrefixCacheState,
     Request,
     RequestTooLargeError,
     SampledTokensError,
@@ -114,18 +113,18 @@ class Scheduler:
         self.vocab_size = vocab_size
         self.enable_preemption = enable_preemption
         self.block_size = config.block_size
-        # PC1-PC9: with prefix caching the GPU pool shares blocks by reference count.
-        self.prefix_cache: PrefixCachingBlockManager | None = None
-        self.gpu: BlockManager | PrefixCachingBlockManager
+        # One GPU pool, asked the caching questions (PC1-PC9) whether caching is on or
+        # not: with it, blocks are shared by reference count; without, the plain pool
+        # answers with no-ops (nothing hits, nothing is keyed).
+        self.gpu: BlockPool
         if config.enable_prefix_caching:
             nano = semantics is Semantics.NANO_VLLM  # nano-vllm's cache (N7)
-            self.prefix_cache = PrefixCachingBlockManager(
+            self.gpu = PrefixCachingBlockManager(
                 config.num_gpu_blocks,
                 config.block_size,
                 last_key_wins=nano,
                 drop_key_on_free=nano,
             )
-            self.gpu = self.prefix_cache
         else:
             self.gpu = BlockManager(config.num_gpu_blocks)
         self.cpu = BlockManager(config.num_cpu_blocks)
@@ -270,8 +269,7 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         """Phases A-C of one step (R5-R8); on any error the partial work is undone."""
         out = SchedulerOutput(self.num_steps, self.num_cached_tokens)
-        if self.prefix_cache is not None:
-            self.prefix_cache.begin()
+        self.gpu.begin()
         budget = self.config.max_num_batched_tokens
         try:
             # Phases B and C only when someone is swapped or waiting: most steps are not.
@@ -309,8 +307,7 @@ class Scheduler:
         Returns the finished requests in plan order; ``num_steps`` goes up by one.
         """
         finished = phases.commit(self, out, sampled_token_ids)
-        if self.prefix_cache is not None:
-            self.prefix_cache.end()
+        self.gpu.end()
         return finished
 
     def rollback(self, out: SchedulerOutput) -> None:
@@ -341,9 +338,9 @@ class Scheduler:
 
     def observe(self) -> SchedulerState:
         """The state projected onto ``spec.types.SchedulerState`` (compare with ``==``)."""
-        cache = self.prefix_cache
+        pool = self.gpu.observe()
         running = tuple(seq.to_state() for seq in self.running)
-        if cache is not None:  # PC1: the spec sees each running request's block ids
+        if pool is not None:  # PC1: the spec sees each running request's block ids
             running = tuple(
                 replace(state, block_ids=tuple(seq.block_table))
                 for state, seq in zip(running, self.running, strict=True)
@@ -357,11 +354,7 @@ class Scheduler:
             swapped=tuple(seq.to_state() for seq in self.swapped),
             next_arrival=self.next_arrival,
             num_steps=self.num_steps,
-            prefix_cache=None
-            if cache is None
-            else PrefixCacheState(
-                free_queue=tuple(cache.free_queue()), cached=tuple(cache.cached())
-            ),
+            prefix_cache=pool,
         )
 
     def check_invariants(self) -> None:

@@ -21,6 +21,7 @@ import re
 from kvsched import argtypes
 from kvsched.errors import CLIInputError
 from spec.policies import POLICIES
+from spec.profiles import profile_defaults
 from spec.types import ConfigError, PreemptionMode, SchedulerConfig, Semantics
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -176,27 +177,24 @@ def scheduler_config(
     """The config the options name; a combination the config (or a profile) refuses is
     a ``CLIInputError`` that names the flags (``flag_names``)."""
     semantics = default_semantics if args.semantics is None else Semantics(args.semantics)
-    chunked = args.enable_chunked_prefill
-    if chunked is None:
-        # nano-vllm has no chunked prefill: its profile's default, not an error.
-        chunked = semantics is not Semantics.NANO_VLLM and _DEFAULTS["enable_chunked_prefill"]
-    caching = args.enable_prefix_caching
-    if caching is None:
-        # nano-vllm cannot turn its prefix cache off: its profile's default, as above.
-        caching = semantics is Semantics.NANO_VLLM or _DEFAULTS["enable_prefix_caching"]
+    # What the profile implies (nano-vllm: no chunked prefill, caching on), unless given.
+    implied = profile_defaults(semantics)
+    if args.enable_chunked_prefill is not None:
+        implied["enable_chunked_prefill"] = args.enable_chunked_prefill
+    if args.enable_prefix_caching is not None:
+        implied["enable_prefix_caching"] = args.enable_prefix_caching
     try:
         return SchedulerConfig(
             num_gpu_blocks=args.num_gpu_blocks,
             block_size=args.block_size,
             max_num_batched_tokens=args.max_num_batched_tokens,
             max_num_seqs=args.max_num_seqs,
-            enable_chunked_prefill=chunked,
             preemption_mode=PreemptionMode(args.preemption_mode),
             num_cpu_blocks=args.num_cpu_blocks,
             policy=args.policy,
-            enable_prefix_caching=caching,
             semantics=semantics,
             max_model_len=args.max_model_len,
+            **implied,
         )
     except ConfigError as e:
         raise CLIInputError(flag_names(str(e))) from None

@@ -56,7 +56,7 @@ from spec.types import (
     SchedulerConfig,
     Semantics,
 )
-from tests.stateful.prefix import prefix_events
+from tests.stateful.events import prefix_events
 
 ORACLE_VOCAB = 8
 ORACLE = HashOracle(vocab_size=ORACLE_VOCAB)
@@ -187,7 +187,7 @@ def run_with_aborts(
     """Like ``run_workload``, plus: before each step, with probability ``p_abort``, abort
     a random live request (waiting, running or preempted) not aborted before, and
     re-add its id later. ``events`` collects the prefix-cache events of the steps both
-    sides agreed on (tests/stateful/prefix.py's ``prefix_events``)."""
+    sides agreed on (tests/stateful/events.py's ``prefix_events``)."""
     lock = Lockstep(peer, config, ORACLE)
     pending = sorted(workload, key=lambda r: r.arrival_step)
     aborted: set[str] = set()

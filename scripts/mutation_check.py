@@ -50,6 +50,7 @@ COPIED = (
     "kvsched",
     "tests/__init__.py",
     "tests/conftest.py",
+    "tests/drain.py",
     "tests/stateful",
     "tests/regressions",
 )
@@ -746,10 +747,9 @@ MUTANTS: tuple[Mutant, ...] = (
         "new blocks are taken before the hit is touched: a free hit block can be reclaimed",
         (
             PHASES,
-            "            cache.touch(table, hit)\n"
-            "            cache.grow(table, len(hit) + num_blocks)\n",
-            "            new: list[int] = []\n            cache.grow(new, num_blocks)\n"
-            "            cache.touch(table, hit)\n            table.extend(new)\n",
+            "        gpu.touch(table, hit)\n        gpu.grow(table, len(hit) + num_blocks)\n",
+            "        new: list[int] = []\n        gpu.grow(new, num_blocks)\n"
+            "        gpu.touch(table, hit)\n        table.extend(new)\n",
         ),
         machines=PREFIX_MACHINES,
         expect=DIVERGES,
@@ -814,7 +814,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "a failed forward is rolled back without restoring the K/V of reclaimed cached blocks",
         (
             "impl/engine.py",
-            "reclaimed = [] if cache is None else cache.reclaimed_blocks()",
+            "reclaimed = self.scheduler.gpu.reclaimed_blocks()",
             "reclaimed: list[int] = []",
         ),
         machines=("prefix-engine",),

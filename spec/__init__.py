@@ -9,6 +9,10 @@ code that implements it:
   argument), ``abort_request`` (R11) and read-only queries;
 - ``spec.scheduler``: a step: ``schedule`` (phases A-C, R5-R8, preemption R6) and
   ``complete_step`` (phase D, R10), or both at once with ``step``;
+- ``spec.prefix_cache``: the GPU block pool with prefix caching (PC1-PC9), each
+  profile's variant beside the rule it replaces, and ``grow`` (how a chunk takes blocks);
+- ``spec.profiles``: the semantics profiles' rules (the one module that names a
+  profile) and the settings each implies (``profile_defaults``);
 - ``spec.invariants``: ``state_violations`` / ``plan_violations`` (what must hold);
 - ``spec.liveness``: ``drain_step_bound`` (how long a drain can take), ``drain`` and
   ``progress_violations`` (no preempted request waits in a step that could take it back);

@@ -23,8 +23,6 @@ from spec.profiles import (
     decode_unbudgeted,
     length_capped,
     model_len,
-    nano_caching,
-    nano_pool_violations,
     prefill_first,
     running_capped,
     too_large,
@@ -142,17 +140,7 @@ def _prefix_cache_violations(
         return found
     if not config.enable_prefix_caching:
         return ["PC1: a block pool with prefix caching off"]
-    nano = nano_caching(config)
-    found = pool_violations(
-        cache,
-        state.running,
-        config.num_gpu_blocks,
-        config.block_size,
-        extra_tokens=extra_tokens,
-        shared_keyed=not nano,
-    )
-    if nano:
-        found.extend(nano_pool_violations(cache))
+    found = pool_violations(config, cache, state.running, extra_tokens=extra_tokens)
     if len(cache.free_queue) != state.num_free_gpu_blocks:
         found.append(
             f"PC1: num_free_gpu_blocks {state.num_free_gpu_blocks} != free queue length "

@@ -15,8 +15,8 @@ from typing import Literal
 from spec.invariants import check_state  # noqa: F401  (used by the PEP 316 contracts)
 from spec.kv import blocks_held
 from spec.policies import get_policy
-from spec.prefix_cache import holders
-from spec.profiles import model_len, release_blocks, too_large
+from spec.prefix_cache import holders, release_blocks
+from spec.profiles import model_len, too_large
 from spec.types import (
     ConfigError,  # noqa: F401  (named by a contract's raises:)
     DuplicateRequestError,

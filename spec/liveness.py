@@ -15,10 +15,9 @@ from dataclasses import dataclass, replace
 from spec.invariants import check_state  # noqa: F401  (used by the PEP 316 contracts)
 from spec.kv import cdiv, chunk_for_prefill
 from spec.policies import get_policy
-from spec.prefix_cache import longest_hit, num_evictable, request_tokens, take, touch
+from spec.prefix_cache import grow, longest_hit, num_evictable, request_tokens
 from spec.profiles import (
     full_sequence_fits,
-    key_blocks,
     prefill_first,
     running_capped,
     whole_sequence_admissible,
@@ -243,8 +242,7 @@ def _left_after(before: SchedulerState, plan: StepPlan, upto: int) -> _Left:
         else:
             tokens = request_tokens(_find(before, chunk.request_id))
             owned = longest_hit(cache, tokens, bs)[: chunk.start // bs]
-        cache, new = take(touch(cache, owned), cdiv(end, bs) - len(owned))
-        cache = key_blocks(config, cache, tokens, (*owned, *new), start=chunk.start, end=end)
+        cache, _ = grow(config, cache, tokens, owned, start=chunk.start, end=end)
         free = len(cache.free_queue)
     return _Left(budget, free, seats, cache)
 

@@ -13,7 +13,11 @@ The oracles are frozen dataclasses (comparable, printable, hashable) with a
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+
+#: Draft tokens as a function of a request's tokens (prompt + outputs) alone.
+Drafter = Callable[[tuple[int, ...]], tuple[int, ...]]
 
 _MASK = (1 << 64) - 1
 _FNV_PRIME = 0x100000001B3
@@ -68,3 +72,42 @@ class SuccessorOracle:
         post: 0 <= __return__ < self.vocab_size
         """
         return (prefix[-1] + 1) % self.vocab_size
+
+
+@dataclass(frozen=True, slots=True)
+class PromptLookupDrafter:
+    """Draft tokens by prompt lookup: vLLM's speculative ``method: "ngram"``, as a pure
+    function of the request's tokens (prompt + outputs), like the token oracles.
+
+    The n-gram is the longest suffix of ``tokens``, of ``prompt_lookup_min`` to
+    ``prompt_lookup_max`` tokens, that also occurs earlier (ending before the last
+    token); of its occurrences the earliest is used, and the drafts are the up to
+    ``num_speculative_tokens`` tokens that follow it, never past the end of ``tokens``
+    nor, with ``max_model_len``, past ``max_model_len - len(tokens)`` (the semantics of
+    ``_find_longest_matched_ngram_and_propose_tokens``, v1/spec_decode/ngram_proposer.py:
+    209-295). No match, or fewer than ``prompt_lookup_min`` tokens: no drafts.
+    """
+
+    num_speculative_tokens: int
+    prompt_lookup_min: int
+    prompt_lookup_max: int
+    max_model_len: int | None = None
+
+    def __call__(self, tokens: tuple[int, ...]) -> tuple[int, ...]:
+        """pre: 1 <= self.prompt_lookup_min <= self.prompt_lookup_max
+        pre: self.num_speculative_tokens >= 1
+        post: len(__return__) <= self.num_speculative_tokens
+        post: __return__ == () or any(tokens[s : s + len(__return__)] == __return__ for s in range(1, len(tokens)))
+        """  # noqa: E501
+        total = len(tokens)
+        room = self.num_speculative_tokens
+        if self.max_model_len is not None:
+            room = min(room, self.max_model_len - total)
+        if total < self.prompt_lookup_min or room <= 0:
+            return ()
+        for n in range(min(self.prompt_lookup_max, total - 1), self.prompt_lookup_min - 1, -1):
+            suffix = tokens[total - n :]
+            for start in range(total - n):
+                if tokens[start : start + n] == suffix:
+                    return tokens[start + n : start + n + room]
+        return ()

@@ -55,6 +55,16 @@ rules, as in docs/semantics.md:
   held by two requests has a key.
 
 Swap preemption is refused with caching on (``ConfigError``): vLLM V1 has no swap.
+
+**Profile variants** sit beside the rule they replace (docs/semantics.md, "Semantics
+profiles"): nano-vllm/last-key-wins beside PC2 (``give_keys_last_wins``),
+vllm-v1/undone-chunk-unkeyed after it (``unkey_undone_chunk``), nano-vllm/drop-key-on-free
+beside PC6 (``release_dropping_keys``), nano-vllm's invariants beside PC9
+(``nano_pool_violations``). The phases call the rules *by profile*: ``key_blocks`` (PC2),
+``grow`` (PC4, PC5 and PC2 together: the one way a chunk takes blocks, in phases A and C
+and in Rule P's replay), ``release_blocks`` (PC6) and ``pool_violations`` (PC1, PC9),
+which choose the variant with a predicate of ``spec.profiles`` (this module imports it,
+never the other way).
 """
 
 from __future__ import annotations
@@ -62,9 +72,14 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Mapping
 
-from spec.types import PrefixCacheState, RequestState
+from spec.kv import cdiv
+from spec.profiles import nano_caching
+from spec.types import PrefixCacheState, RequestState, SchedulerConfig
 
 Key = tuple[int, ...]
+
+
+# --- PC2, PC3: keys and lookup ------------------------------------------------------
 
 
 def request_tokens(request: RequestState) -> tuple[int, ...]:
@@ -141,6 +156,9 @@ def longest_hit(
     return tuple(hit)
 
 
+# --- PC4, PC5: a hit's free blocks, touch, take -------------------------------------
+
+
 def num_evictable(cache: PrefixCacheState, blocks: Iterable[int]) -> int:
     """PC4: how many of ``blocks`` sit in the free queue (a hit on them takes a free block).
 
@@ -184,6 +202,9 @@ def take(cache: PrefixCacheState, num_blocks: int) -> tuple[PrefixCacheState, tu
     )
 
 
+# --- PC2 by profile: the blocks a chunk fills get their keys -------------------------
+
+
 def give_keys(
     cache: PrefixCacheState,
     tokens: tuple[int, ...],
@@ -210,6 +231,143 @@ def give_keys(
     if not new:
         return cache
     return PrefixCacheState(free_queue=cache.free_queue, cached=(*cache.cached, *new))
+
+
+def give_keys_last_wins(
+    cache: PrefixCacheState,
+    tokens: tuple[int, ...],
+    block_ids: tuple[int, ...],
+    *,
+    start: int,
+    end: int,
+    block_size: int,
+) -> PrefixCacheState:
+    """PC2 under **nano-vllm/last-key-wins**: the blocks a chunk ``start .. end`` fills.
+
+    Each block that is full once ``end`` tokens are computed and was not full at
+    ``start`` gets its key; if another block has that key, the key moves to the new
+    block (the pair keeps its place): nano-vllm's ``hash_to_block_id[h] = block_id``
+    overwrites, at admission for every full block that missed (``allocate``,
+    ``engine/block_manager.py:79-81``) and at a decode that fills a block
+    (``may_append``, ``:111-117``). So a lookup finds the block keyed last, and a block
+    whose key moved (even one two requests share) has none and never gets it back.
+    PC2 keys every full block without a key and a lookup takes the one keyed first.
+
+    pre: block_size >= 1
+    pre: 0 <= start <= end <= len(tokens)
+    pre: end // block_size <= len(block_ids)
+    post: __return__.free_queue == cache.free_queue
+    post: {block for _, block in __return__.cached} >= set(block_ids[start // block_size : end // block_size])
+    """  # noqa: E501
+    pairs = dict(cache.cached)
+    new = False
+    for index in range(start // block_size, num_full_blocks(end, block_size)):
+        pairs[block_key(tokens, index, block_size)] = block_ids[index]
+        new = True
+    if not new:
+        return cache
+    return PrefixCacheState(free_queue=cache.free_queue, cached=tuple(pairs.items()))
+
+
+def key_blocks(
+    config: SchedulerConfig,
+    cache: PrefixCacheState,
+    tokens: tuple[int, ...],
+    block_ids: tuple[int, ...],
+    *,
+    start: int,
+    end: int,
+) -> PrefixCacheState:
+    """PC2 by profile, for a chunk ``start .. end`` whose blocks are ``block_ids``.
+
+    pre: 0 <= start <= end <= len(tokens)
+    pre: end // config.block_size <= len(block_ids)
+    post: __return__.free_queue == cache.free_queue
+    """
+    if nano_caching(config):
+        return give_keys_last_wins(
+            cache, tokens, block_ids, start=start, end=end, block_size=config.block_size
+        )
+    return give_keys(cache, tokens, block_ids, end, config.block_size)
+
+
+def unkey_undone_chunk(
+    cache: PrefixCacheState,
+    block_ids: tuple[int, ...],
+    *,
+    start: int,
+    end: int,
+    block_size: int,
+) -> PrefixCacheState:
+    """**vllm-v1/undone-chunk-unkeyed** (V11): an undone chunk ``start .. end`` gives
+    back the keys it gave its blocks ``block_ids``.
+
+    PC2 keys the blocks a chunk fills when it is scheduled, before any forward writes
+    them. When vllm-v1/priority-victim-any-running undoes the chunk, no forward ever
+    will, so every block it filled (full at ``end``, not at ``start``: one for a decode,
+    several for a prefill chunk) leaves the cache before the victim frees it (unkeyed,
+    it goes to the head of the free queue, PC6). vLLM keeps their hashes
+    (``kv_cache_manager.py:606-616`` keys at scheduling, ``scheduler.py:1571-1613`` frees
+    keeping them): usually the request that needed the blocks takes them straight
+    back, but a request can then hit a block whose K/V no forward wrote when (1) the
+    requester then preempts itself (a later request hits it), or (2) the chunk filled
+    several blocks and the requester takes back only one (the victim itself hits the
+    others when it comes back; vLLM reaches it with ``long_prefill_token_threshold``,
+    which this profile does not model yet). That is a bug in the peer (docs/peers.md
+    V11), which the profile does not copy under either trigger; lockstep classifies the
+    divergence it makes (``kvsched.peers.known.V11``).
+
+    pre: block_size >= 1
+    pre: 0 <= start <= end
+    pre: end // block_size <= len(block_ids)
+    post: __return__.free_queue == cache.free_queue
+    post: set(__return__.cached) <= set(cache.cached)
+    post: not {block for _, block in __return__.cached} & set(block_ids[start // block_size : end // block_size])
+    """  # noqa: E501
+    filled = set(block_ids[start // block_size : num_full_blocks(end, block_size)])
+    if not filled:
+        return cache
+    return PrefixCacheState(
+        free_queue=cache.free_queue,
+        cached=tuple(pair for pair in cache.cached if pair[1] not in filled),
+    )
+
+
+# --- PC4, PC5, PC2 together: a chunk takes its blocks (PC8) --------------------------
+
+
+def grow(
+    config: SchedulerConfig,
+    cache: PrefixCacheState,
+    tokens: tuple[int, ...],
+    held: tuple[int, ...],
+    *,
+    start: int,
+    end: int,
+) -> tuple[PrefixCacheState, tuple[int, ...]]:
+    """PC4, PC5, PC2 (PC8): a request holding ``held`` takes the blocks of its chunk
+    ``start .. end``; the pool after, and the request's blocks.
+
+    ``held`` is a running request's blocks (PC8) or a waiting one's hit (PC4). First the
+    held blocks that sit in the free queue leave it (**touch**: a hit block is never
+    reclaimed between lookup and use); then the blocks that make ``cdiv(end, bs)`` are
+    taken from the head of the free queue, reclaiming their keys (PC5); then the blocks
+    the chunk fills get their keys, by profile (``key_blocks``). Whether the new blocks
+    are free is the caller's to decide, with its own arithmetic (phase A's ``need``,
+    phase C's PC4 test, Rule P's ``_fits``), which this count does not replace.
+
+    pre: 0 <= start <= end <= len(tokens)
+    pre: len(set(cache.free_queue)) == len(cache.free_queue) and len(set(held)) == len(held)
+    pre: len(held) <= cdiv(end, config.block_size) <= len(held) + len(touch(cache, held).free_queue)
+    post: len(__return__[1]) == cdiv(end, config.block_size) and __return__[1][: len(held)] == held
+    post: len(set(__return__[1])) == len(__return__[1]) and not set(__return__[1]) & set(__return__[0].free_queue)
+    """  # noqa: E501
+    cache, new = take(touch(cache, held), cdiv(end, config.block_size) - len(held))
+    block_ids = (*held, *new)
+    return key_blocks(config, cache, tokens, block_ids, start=start, end=end), block_ids
+
+
+# --- PC1, PC6 by profile: holders and freeing ----------------------------------------
 
 
 def holders(running: tuple[RequestState, ...]) -> Counter[int]:
@@ -246,28 +404,72 @@ def release(
     return PrefixCacheState(free_queue=(*first, *cache.free_queue, *last), cached=cache.cached)
 
 
+def release_dropping_keys(
+    cache: PrefixCacheState, block_ids: tuple[int, ...], others: Mapping[int, int]
+) -> PrefixCacheState:
+    """PC6 under **nano-vllm/drop-key-on-free**: freed blocks lose their key, join the tail.
+
+    The request gives up ``block_ids`` last block first; each one no other holder has
+    (``others`` counts them) comes free at the tail of the free queue, keyed or not,
+    and its key leaves the cache (the fork's ``deallocate``,
+    ``engine/block_manager.py:84-98``: it deletes ``hash_to_block_id[block.hash]`` when
+    that names the block, and ``_deallocate_block`` appends). So nothing hits a freed
+    block: not another request, not a preempted request coming back (PC7). PC6 keeps
+    the key and puts unkeyed blocks at the head. (Upstream nano-vllm keeps the key.)
+
+    post: set(__return__.cached) <= set(cache.cached)
+    post: __return__.free_queue[: len(cache.free_queue)] == cache.free_queue
+    post: not {block for _, block in __return__.cached} & set(__return__.free_queue) or bool({block for _, block in cache.cached} & set(cache.free_queue))
+    """  # noqa: E501
+    freed = tuple(block for block in reversed(block_ids) if not others.get(block, 0))
+    if not freed:
+        return cache
+    gone = set(freed)
+    return PrefixCacheState(
+        free_queue=(*cache.free_queue, *freed),
+        cached=tuple(pair for pair in cache.cached if pair[1] not in gone),
+    )
+
+
+def release_blocks(
+    config: SchedulerConfig,
+    cache: PrefixCacheState,
+    block_ids: tuple[int, ...],
+    others: Mapping[int, int],
+) -> PrefixCacheState:
+    """PC6 by profile: ``release`` or, nano-vllm, ``release_dropping_keys``.
+
+    post: len(__return__.free_queue) <= len(cache.free_queue) + len(block_ids)
+    """
+    if nano_caching(config):
+        return release_dropping_keys(cache, block_ids, others)
+    return release(cache, block_ids, others)
+
+
+# --- PC1, PC9 by profile: the pool's invariants --------------------------------------
+
+
 def pool_violations(
+    config: SchedulerConfig,
     cache: PrefixCacheState,
     running: tuple[RequestState, ...],
-    num_blocks: int,
-    block_size: int,
     *,
     extra_tokens: dict[str, int] | None = None,
-    shared_keyed: bool = True,
 ) -> list[str]:
-    """PC1 and PC9 on the pool and the running requests; one line per broken rule.
+    """PC1 and PC9, by profile, on the pool and the running requests; one line per broken rule.
 
-    ``shared_keyed=False`` leaves out "a block held by two requests has a key", which
-    nano-vllm/last-key-wins does not keep (``spec.profiles.nano_pool_violations``).
+    Under nano-vllm's cache (``nano_caching``) "a block held by two requests has a key"
+    is left out, since nano-vllm/last-key-wins does not keep it, and
+    ``nano_pool_violations`` is added.
 
     Between steps a running request holds ``cdiv(computed, bs)`` blocks; in the middle
     of a step a scheduled one already holds the blocks of its chunk, which
     ``extra_tokens`` (request id -> chunk size) adds to its computed count.
 
-    pre: block_size >= 1
-    pre: num_blocks >= 0
     post: isinstance(__return__, list)
     """
+    num_blocks, block_size = config.num_gpu_blocks, config.block_size
+    nano = nano_caching(config)
     found: list[str] = []
     extra = extra_tokens or {}
     free = cache.free_queue
@@ -301,7 +503,7 @@ def pool_violations(
         for index, held in enumerate(ids):
             held_key = key_of.get(held)
             if held_key is None:
-                if shared_keyed and counts[held] > 1:
+                if not nano and counts[held] > 1:
                     found.append(f"PC9: block {held} is shared but has no key")
                 continue
             # min: a malformed request computed past its tokens is reported, not indexed
@@ -312,4 +514,23 @@ def pool_violations(
                     f"PC9: block {held} of {rid!r} (index {index}) has a key that is not "
                     "its computed prefix"
                 )
+    if nano:
+        found.extend(nano_pool_violations(cache))
+    return found
+
+
+def nano_pool_violations(cache: PrefixCacheState) -> list[str]:
+    """What nano-vllm's cache keeps besides PC1 and PC9 (which hold there too, except
+    that a shared block may have lost its key, nano-vllm/last-key-wins): each key
+    names one block, and no free block has a key (nano-vllm/drop-key-on-free).
+
+    post: isinstance(__return__, list)
+    """
+    found: list[str] = []
+    keys = [key for key, _ in cache.cached]
+    if len(set(keys)) != len(keys):
+        found.append("nano-vllm/last-key-wins: a key names two blocks")
+    keyed_free = sorted({block for _, block in cache.cached} & set(cache.free_queue))
+    if keyed_free:
+        found.append(f"nano-vllm/drop-key-on-free: free blocks {keyed_free} have keys")
     return found

@@ -3,20 +3,49 @@
 ``SchedulerConfig.semantics`` selects a profile. ``kvsched`` is R1-R11 as written;
 ``vllm-v1`` and ``nano-vllm`` replace some of them with the named rules below, each a
 pure function beside the text of its rule and the peer source it follows (paths in
-vLLM 0.32.0's ``vllm/`` and nano-vllm-fork 20260210's ``nanovllm/``). The phases in
-``spec.scheduler`` and ``spec.lifecycle`` ask these functions, never the profile's
-name, so each rule is written once.
+vLLM 0.32.0's ``vllm/`` and nano-vllm-fork 20260210's ``nanovllm/``). This is the one
+module of the spec's logic that names a profile: the phases in ``spec.scheduler``,
+``spec.lifecycle`` and ``spec.liveness`` ask these functions, never the profile's name,
+so each rule is written once. A profile's block-pool rules (where its prefix cache
+differs from PC1-PC9) are written in ``spec.prefix_cache`` beside the rule they
+replace, and chosen there by a predicate of this module; this module imports nothing
+of ``spec.prefix_cache``.
 
-Config-time constraints of the profiles are ``SchedulerConfig.__post_init__``'s.
+The settings a profile implies are ``profile_defaults``'s; its config-time constraints
+are ``SchedulerConfig.__post_init__``'s (in ``spec.types``, which the engine may import).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from typing import TypedDict
 
 from spec.kv import cdiv, never_fits
-from spec.prefix_cache import block_key, give_keys, num_full_blocks, release
-from spec.types import PrefixCacheState, RequestState, SchedulerConfig, Semantics
+from spec.types import RequestState, SchedulerConfig, Semantics
+
+# --- what a profile implies ---------------------------------------------------------------
+
+
+class ProfileDefaults(TypedDict, total=False):
+    """Config fields a profile sets where the caller leaves them unset."""
+
+    enable_chunked_prefill: bool
+    enable_prefix_caching: bool
+
+
+def profile_defaults(semantics: Semantics) -> ProfileDefaults:
+    """The settings ``semantics`` implies (its peer's own); ``SchedulerConfig``'s otherwise.
+
+    ``nano-vllm``: chunked prefill off (nano-vllm/no-chunking, a constraint of the
+    profile) and prefix caching on (N7: its engine always caches). The CLI and the tests
+    build a profile's config with these (``SchedulerConfig(..., **profile_defaults(s))``);
+    a setting given explicitly wins.
+
+    post: SchedulerConfig(num_gpu_blocks=1, semantics=semantics, **__return__).semantics is semantics
+    """  # noqa: E501
+    if semantics is Semantics.NANO_VLLM:
+        return {"enable_chunked_prefill": False, "enable_prefix_caching": True}
+    return {}
+
 
 # --- vllm-v1/max-model-len (V1, V5) ----------------------------------------------------
 
@@ -128,44 +157,6 @@ def victim_among_all_running(config: SchedulerConfig) -> bool:
     return config.semantics is Semantics.VLLM_V1 and config.policy == "priority"
 
 
-def unkey_undone_chunk(
-    cache: PrefixCacheState,
-    block_ids: tuple[int, ...],
-    *,
-    start: int,
-    end: int,
-    block_size: int,
-) -> PrefixCacheState:
-    """**vllm-v1/undone-chunk-unkeyed** (V11): an undone chunk ``start .. end`` gives
-    back the keys it gave its blocks ``block_ids``.
-
-    PC2 keys the blocks a chunk fills when it is scheduled, before any forward writes
-    them. When vllm-v1/priority-victim-any-running undoes the chunk, no forward ever
-    will, so the blocks it filled (full at ``end``, not at ``start``) leave the cache
-    before the victim frees them (unkeyed, they go to the head of the free queue, PC6).
-    vLLM keeps their hashes (``kv_cache_manager.py:606-616`` keys at scheduling,
-    ``scheduler.py:1571-1613`` frees keeping them): usually the request that needed the
-    blocks takes them straight back, but when it then preempts itself a later request
-    can hit a block whose K/V no forward wrote. That is a bug in the peer
-    (docs/peers.md V11), which the profile does not copy; lockstep classifies the
-    divergence it makes (``kvsched.peers.known.V11``).
-
-    pre: block_size >= 1
-    pre: 0 <= start <= end
-    pre: end // block_size <= len(block_ids)
-    post: __return__.free_queue == cache.free_queue
-    post: set(__return__.cached) <= set(cache.cached)
-    post: not {block for _, block in __return__.cached} & set(block_ids[start // block_size : end // block_size])
-    """  # noqa: E501
-    filled = set(block_ids[start // block_size : num_full_blocks(end, block_size)])
-    if not filled:
-        return cache
-    return PrefixCacheState(
-        free_queue=cache.free_queue,
-        cached=tuple(pair for pair in cache.cached if pair[1] not in filled),
-    )
-
-
 # --- nano-vllm rules (N1-N4) -----------------------------------------------------------
 
 
@@ -223,6 +214,14 @@ def next_victim(num_candidates: int) -> int:
     return 1 if num_candidates > 1 else 0
 
 
+def victim_next(config: SchedulerConfig) -> bool:
+    """Whether R5's victim is **nano-vllm/victim-next**'s (``next_victim``).
+
+    post: __return__ == (config.semantics is Semantics.NANO_VLLM)
+    """
+    return config.semantics is Semantics.NANO_VLLM
+
+
 def step_token_limit(config: SchedulerConfig) -> int:
     """The most tokens one step schedules: ``max_num_batched_tokens``, and under
     nano-vllm/decode-unbudgeted at least ``max_num_seqs`` (a decode step's one token per
@@ -238,14 +237,13 @@ def step_token_limit(config: SchedulerConfig) -> int:
 # --- nano-vllm's prefix cache (N7, N8, N13) ----------------------------------------------
 #
 # nano-vllm caches prefixes always (``engine/block_manager.py``); with
-# ``enable_prefix_caching`` on, the profile follows its cache where it differs from PC1-PC9.
-# Its map ``hash_to_block_id`` holds one block per key, and its blocks keep a key only
-# while that map names them, so ``PrefixCacheState.cached`` here has one pair per key,
-# in the order the map got the key, and never names a free block.
+# ``enable_prefix_caching`` on, the profile follows its cache where it differs from PC1-PC9:
+# nano-vllm/last-key-wins (PC2, PC3) and nano-vllm/drop-key-on-free (PC6) are written in
+# ``spec.prefix_cache`` beside the rules they replace, chosen by ``nano_caching``.
 
 
 def nano_caching(config: SchedulerConfig) -> bool:
-    """Whether nano-vllm's prefix-cache rules below apply (the profile, caching on).
+    """Whether nano-vllm's prefix-cache rules apply (the profile, caching on).
 
     post: __return__ == (config.semantics is Semantics.NANO_VLLM and config.enable_prefix_caching)
     """
@@ -271,120 +269,3 @@ def whole_sequence_admissible(
     if config.semantics is not Semantics.NANO_VLLM:
         return True
     return request.num_tokens <= budget and cdiv(request.num_tokens, config.block_size) <= free
-
-
-def give_keys_last_wins(
-    cache: PrefixCacheState,
-    tokens: tuple[int, ...],
-    block_ids: tuple[int, ...],
-    *,
-    start: int,
-    end: int,
-    block_size: int,
-) -> PrefixCacheState:
-    """PC2 under **nano-vllm/last-key-wins**: the blocks a chunk ``start .. end`` fills.
-
-    Each block that is full once ``end`` tokens are computed and was not full at
-    ``start`` gets its key; if another block has that key, the key moves to the new
-    block (the pair keeps its place): nano-vllm's ``hash_to_block_id[h] = block_id``
-    overwrites, at admission for every full block that missed (``allocate``,
-    ``engine/block_manager.py:79-81``) and at a decode that fills a block
-    (``may_append``, ``:111-117``). So a lookup finds the block keyed last, and a block
-    whose key moved (even one two requests share) has none and never gets it back.
-    PC2 keys every full block without a key and a lookup takes the one keyed first.
-
-    pre: block_size >= 1
-    pre: 0 <= start <= end <= len(tokens)
-    pre: end // block_size <= len(block_ids)
-    post: __return__.free_queue == cache.free_queue
-    post: {block for _, block in __return__.cached} >= set(block_ids[start // block_size : end // block_size])
-    """  # noqa: E501
-    pairs = dict(cache.cached)
-    new = False
-    for index in range(start // block_size, num_full_blocks(end, block_size)):
-        pairs[block_key(tokens, index, block_size)] = block_ids[index]
-        new = True
-    if not new:
-        return cache
-    return PrefixCacheState(free_queue=cache.free_queue, cached=tuple(pairs.items()))
-
-
-def release_dropping_keys(
-    cache: PrefixCacheState, block_ids: tuple[int, ...], others: Mapping[int, int]
-) -> PrefixCacheState:
-    """PC6 under **nano-vllm/drop-key-on-free**: freed blocks lose their key, join the tail.
-
-    The request gives up ``block_ids`` last block first; each one no other holder has
-    (``others`` counts them) comes free at the tail of the free queue, keyed or not,
-    and its key leaves the cache (the fork's ``deallocate``,
-    ``engine/block_manager.py:84-98``: it deletes ``hash_to_block_id[block.hash]`` when
-    that names the block, and ``_deallocate_block`` appends). So nothing hits a freed
-    block: not another request, not a preempted request coming back (PC7). PC6 keeps
-    the key and puts unkeyed blocks at the head. (Upstream nano-vllm keeps the key.)
-
-    post: set(__return__.cached) <= set(cache.cached)
-    post: __return__.free_queue[: len(cache.free_queue)] == cache.free_queue
-    post: not {block for _, block in __return__.cached} & set(__return__.free_queue) or bool({block for _, block in cache.cached} & set(cache.free_queue))
-    """  # noqa: E501
-    freed = tuple(block for block in reversed(block_ids) if not others.get(block, 0))
-    if not freed:
-        return cache
-    gone = set(freed)
-    return PrefixCacheState(
-        free_queue=(*cache.free_queue, *freed),
-        cached=tuple(pair for pair in cache.cached if pair[1] not in gone),
-    )
-
-
-def key_blocks(
-    config: SchedulerConfig,
-    cache: PrefixCacheState,
-    tokens: tuple[int, ...],
-    block_ids: tuple[int, ...],
-    *,
-    start: int,
-    end: int,
-) -> PrefixCacheState:
-    """PC2 by profile, for a chunk ``start .. end`` whose blocks are ``block_ids``.
-
-    pre: 0 <= start <= end <= len(tokens)
-    pre: end // config.block_size <= len(block_ids)
-    post: __return__.free_queue == cache.free_queue
-    """
-    if nano_caching(config):
-        return give_keys_last_wins(
-            cache, tokens, block_ids, start=start, end=end, block_size=config.block_size
-        )
-    return give_keys(cache, tokens, block_ids, end, config.block_size)
-
-
-def release_blocks(
-    config: SchedulerConfig,
-    cache: PrefixCacheState,
-    block_ids: tuple[int, ...],
-    others: Mapping[int, int],
-) -> PrefixCacheState:
-    """PC6 by profile: ``release`` or, nano-vllm, ``release_dropping_keys``.
-
-    post: len(__return__.free_queue) <= len(cache.free_queue) + len(block_ids)
-    """
-    if nano_caching(config):
-        return release_dropping_keys(cache, block_ids, others)
-    return release(cache, block_ids, others)
-
-
-def nano_pool_violations(cache: PrefixCacheState) -> list[str]:
-    """What nano-vllm's cache keeps besides PC1 and PC9 (which hold there too, except
-    that a shared block may have lost its key, nano-vllm/last-key-wins): each key
-    names one block, and no free block has a key (nano-vllm/drop-key-on-free).
-
-    post: isinstance(__return__, list)
-    """
-    found: list[str] = []
-    keys = [key for key, _ in cache.cached]
-    if len(set(keys)) != len(keys):
-        found.append("nano-vllm/last-key-wins: a key names two blocks")
-    keyed_free = sorted({block for _, block in cache.cached} & set(cache.free_queue))
-    if keyed_free:
-        found.append(f"nano-vllm/drop-key-on-free: free blocks {keyed_free} have keys")
-    return found

@@ -35,25 +35,24 @@ from spec.invariants import (  # noqa: F401  (used by the PEP 316 contracts)
 from spec.kv import blocks_held, blocks_needed, cdiv, chunk_for_prefill
 from spec.policies import Policy, always_admit, get_policy, priority_victim, select_victim
 from spec.prefix_cache import (
+    grow,
     holders,
     longest_hit,
     num_evictable,
+    release_blocks,
     request_tokens,
-    take,
-    touch,
+    unkey_undone_chunk,
 )
 from spec.profiles import (
     decode_unbudgeted,
     full_sequence_fits,
-    key_blocks,
     length_capped,
     next_victim,
     prefill_first,
-    release_blocks,
     running_capped,
     step_token_limit,  # noqa: F401  (used by the PEP 316 contracts)
-    unkey_undone_chunk,
     victim_among_all_running,
+    victim_next,
     whole_sequence_admissible,
 )
 from spec.types import (
@@ -68,7 +67,6 @@ from spec.types import (
     ScheduledChunk,
     SchedulerConfig,
     SchedulerState,
-    Semantics,
     StepPlan,
 )
 
@@ -295,7 +293,7 @@ def profile_victim(
     post: 0 <= __return__ < len(running)
     post: victim_among_all_running(config) or i <= __return__
     """
-    if config.semantics is Semantics.NANO_VLLM:
+    if victim_next(config):
         return i + next_victim(len(running) - i)
     if victim_among_all_running(config):
         return priority_victim(running)
@@ -406,14 +404,12 @@ def schedule_running(draft: StepDraft) -> StepDraft:
             if not unbudgeted:
                 budget -= n
             free -= need
-            if cache is not None:  # PC8, PC5, PC2
-                cache, new = take(cache, need)
-                block_ids = (*request.block_ids, *new)
-                cache = key_blocks(
+            if cache is not None:  # PC8: the chunk's blocks by PC5, their keys by PC2
+                cache, block_ids = grow(
                     config,
                     cache,
                     request_tokens(request),
-                    block_ids,
+                    request.block_ids,
                     start=computed,
                     end=computed + n,
                 )
@@ -609,11 +605,9 @@ def admit_waiting(draft: StepDraft) -> StepDraft:
             break
         free -= gpu_blocks + evictable
         budget -= n
-        if cache is not None:  # PC4: touch the hit before taking new blocks (PC5), PC2
-            cache, new = take(touch(cache, hit), gpu_blocks)
-            block_ids = (*hit, *new)
-            cache = key_blocks(
-                config, cache, request_tokens(request), block_ids, start=start, end=start + n
+        if cache is not None:  # PC4: the hit is touched before new blocks are taken, PC2
+            cache, block_ids = grow(
+                config, cache, request_tokens(request), hit, start=start, end=start + n
             )
             request = replace(candidate, num_computed_tokens=start, block_ids=block_ids)
         running.append(request)

@@ -8,14 +8,56 @@ long runs; ``mutation`` is the quick deterministic one of scripts/mutation_check
 ``KVSCHED_FUZZ_DB`` (default ``.hypothesis/fuzz``), which every worker of the campaign,
 on this machine or another one that mounts the folder, reads and writes.
 Pick one with ``HYPOTHESIS_PROFILE=<name>`` or pytest's ``--hypothesis-profile=<name>``.
-The stateful machines size themselves per profile (tests/stateful/profiles.py, SIZES).
+The stateful machines size themselves per profile (their subject's ``Sizes``,
+tests/stateful/sizes.py). Every profile is registered here, and only here.
+
+Before anything draws, the pool of literal constants Hypothesis draws from is pinned
+(``pin_local_constants``), so that an example stream does not depend on which modules
+the process imported (docs/stateful-testing.md, "Determinism").
 """
 
 import importlib.util
 import os
+import sys
+import types
+from pathlib import Path
 
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.database import DirectoryBasedExampleDatabase
+
+ROOT = Path(__file__).resolve().parents[1]
+#: Set to leave the pool unpinned (tests/stateful/test_determinism.py shows that it matters).
+UNPINNED_ENV = "KVSCHED_UNPINNED_CONSTANTS"
+
+
+def pin_local_constants() -> None:
+    """Put every source file of the project outside tests/ into the pool of literal
+    constants Hypothesis draws from, once, before the first draw.
+
+    Hypothesis (6.170) draws a few per cent of its integers, floats and strings from the
+    literals of every *local* module in ``sys.modules`` (test files excluded), and reads
+    the new ones whenever ``sys.modules`` grows (``_get_local_constants`` in
+    hypothesis/internal/conjecture/providers.py; no setting turns it off:
+    HypothesisWorks/hypothesis#4627). A machine's derandomized stream then depended on
+    which of spec/, impl/, kvsched/, bench/ or scripts/ the process had imported: a file
+    run alone, ``-k`` or an xdist split drew other examples. Each file enters
+    ``sys.modules`` as a module object naming it (not executed, under a name no import
+    statement can reach), so Hypothesis reads its constants now, and a module imported
+    later brings none the pool lacks.
+    """
+    if os.environ.get(UNPINNED_ENV):
+        return
+    for top in sorted(ROOT.iterdir()):
+        if not top.is_dir() or top.name.startswith(".") or top.name == "tests":
+            continue
+        for path in sorted(top.rglob("*.py")):
+            name = f"kvsched-constant-pool:{path.relative_to(ROOT).as_posix()}"
+            module = types.ModuleType(name)
+            module.__file__ = str(path)
+            sys.modules.setdefault(name, module)
+
+
+pin_local_constants()
 
 
 def register(name: str, **overrides: object) -> None:

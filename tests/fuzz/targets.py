@@ -2,7 +2,7 @@
 
 HypoFuzz fuzzes the Hypothesis tests that pytest collects; a state machine is one when
 it is exposed as its ``TestCase`` (``tests/stateful`` runs the machines through
-``run_differential`` instead, which sizes and reports the run, and HypoFuzz does not see
+``run_machine`` instead, which sizes and reports the run, and HypoFuzz does not see
 those). This module is not a ``test_*`` file, so a plain pytest run does not collect it;
 ``scripts/fuzz`` names it.
 
@@ -19,8 +19,12 @@ import os
 import time
 from pathlib import Path
 
+from hypothesis import settings
+
 from tests.stateful.coverage import RunStats
-from tests.stateful.test_scheduler_differential import SchedulerDifferential
+from tests.stateful.machine import LockstepMachine
+from tests.stateful.sizes import SUPPRESSED
+from tests.stateful.subjects.scheduler import SCHEDULER
 
 _STARTED = time.monotonic()
 
@@ -44,14 +48,18 @@ def record_throughput(machine: str, stats: RunStats) -> None:
     tmp.replace(path)  # a reader never sees half a record
 
 
-class FuzzedSchedulerDifferential(SchedulerDifferential):
-    """``SchedulerDifferential`` unchanged, reporting its throughput after each example."""
+@settings(deadline=None, suppress_health_check=SUPPRESSED)
+class FuzzedSchedulerDifferential(LockstepMachine):
+    """The machine on the toy scheduler's subject, reporting its throughput after each
+    example."""
+
+    subject = SCHEDULER
 
     def teardown(self) -> None:
         try:
             super().teardown()
         finally:
-            record_throughput(self.NAME, self.record.stats)
+            record_throughput(self.subject.machine, self.record.stats)
 
 
 TestSchedulerDifferential = FuzzedSchedulerDifferential.TestCase

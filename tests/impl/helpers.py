@@ -14,6 +14,7 @@ from spec.types import (
     SchedulerConfig,
     StepPlan,
 )
+from tests.drain import drain_within
 
 SEED_PARAMS = SamplingParams(max_tokens=8, ignore_eos=True)
 
@@ -60,14 +61,12 @@ def hashed_sampler(vocab: int = 32) -> Callable[[SchedulerOutput], list[int]]:
 
 
 def drain(
-    scheduler: Scheduler,
-    sample: Callable[[SchedulerOutput], Sequence[int]],
-    *,
-    max_steps: int = 10_000,
+    scheduler: Scheduler, sample: Callable[[SchedulerOutput], Sequence[int]]
 ) -> list[StepPlan]:
     plans = []
+    bound = drain_within(scheduler.observe())
     while scheduler.has_unfinished_requests():
+        bound.tick(scheduler.observe)
         plans.append(scheduler.step(sample))
         scheduler.check_invariants()
-        assert len(plans) <= max_steps, "the scheduler does not drain"
     return plans

@@ -7,6 +7,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from impl.block_manager import BlockAllocationError, BlockManager
+from impl.sequence import Sequence
+from spec.types import Request, SamplingParams
 
 
 def test_allocation_order_is_fifo() -> None:
@@ -33,6 +35,28 @@ def test_grow_extends_a_table_and_frees_nothing_when_already_big_enough() -> Non
     assert table == [0, 1, 2, 3]
     assert pool.num_free_blocks == 1 and pool.num_used_blocks == 4
     assert pool.can_allocate(1) and not pool.can_allocate(2)
+
+
+def test_the_plain_pool_answers_the_caching_questions_with_no_cache() -> None:
+    """Nothing hits, keying changes nothing, nothing is journaled or reclaimed; a block
+    in a table has one holder; the spec sees no pool."""
+    pool = BlockManager(4)
+    request = Request(
+        request_id="a", prompt_token_ids=(1, 2, 1, 2), params=SamplingParams(), arrival=0
+    )
+    seq = Sequence(request)
+    pool.grow(seq.block_table, 2)
+    pool.begin()
+    assert pool.lookup(seq) == [] and pool.num_evictable([0, 1]) == 0
+    pool.touch(seq.block_table, [])
+    pool.cache_blocks(seq, 0, 4)
+    pool.uncache_blocks(seq.block_table, 0, 4)
+    pool.undo()
+    assert seq.block_table == [0, 1] and pool.num_free_blocks == 2
+    assert pool.reclaimed_blocks() == [] and pool.num_reclaimed == 0
+    assert [pool.ref_count(b) for b in range(4)] == [1, 1, 0, 0]
+    assert pool.observe() is None
+    pool.check()
 
 
 def test_over_allocation_raises_and_changes_nothing() -> None:

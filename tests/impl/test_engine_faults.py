@@ -12,6 +12,7 @@ from impl import LLMEngine
 from impl.scheduler_output import SchedulerOutput
 from model import LlamaForCausalLM
 from spec.types import FinishedRequest, PreemptionMode, StepPlan
+from tests.drain import StepBound, drain_bound
 from tests.impl.conftest import SoloFn
 from tests.impl.helpers import SEED_PARAMS, seed_config, seed_prompts
 
@@ -32,10 +33,12 @@ def metrics_without_time(engine: LLMEngine) -> dict[str, Any]:
 
 
 def run_plans(engine: LLMEngine) -> list[StepPlan]:
-    plans = []
-    while engine.has_unfinished_requests():
-        plans.append(engine.step())
-    return plans
+    return step_expecting_faults(engine, [])
+
+
+def tries(engine: LLMEngine) -> StepBound:
+    """A drain's budget where each step may fail once before its retry succeeds."""
+    return StepBound(2 * drain_bound(engine.observe()))
 
 
 def outputs_of(plans: list[StepPlan]) -> dict[str, FinishedRequest]:
@@ -67,8 +70,10 @@ def step_expecting_faults(engine: LLMEngine, failed_steps: list[int]) -> list[St
     """Step to the end; every injected fault must leave observe() and the metrics as
     they were before the step; the retry then goes on."""
     plans = []
+    bound = tries(engine)
     while engine.has_unfinished_requests():
         before = engine.observe()
+        bound.tick(before)
         metrics = metrics_without_time(engine)
         failures = len(failed_steps)
         try:
@@ -170,8 +175,10 @@ def test_swap_copy_fault_rolls_back(
     setattr(engine.cache_engine, copy, faulty)
     plans = []
     faults = 0
+    bound = tries(engine)
     while engine.has_unfinished_requests():
         before = engine.observe()
+        bound.tick(before)
         try:
             plans.append(engine.step())
         except InjectedFault:

@@ -10,6 +10,7 @@ import pytest
 from impl import LLMEngine
 from model import LlamaForCausalLM
 from spec.types import FinishReason, PreemptionMode, SamplingParams, SchedulerConfig
+from tests.drain import workload_bound
 from tests.impl.conftest import SoloFn
 
 
@@ -130,14 +131,16 @@ def test_staggered_arrivals_and_aborts_do_not_change_outputs(
     model64: LlamaForCausalLM, solo: SoloFn
 ) -> None:
     requests = workload(5, 9)
-    engine = LLMEngine(
-        SchedulerConfig(num_gpu_blocks=16, block_size=2, max_num_batched_tokens=4), model=model64
-    )
+    config = SchedulerConfig(num_gpu_blocks=16, block_size=2, max_num_batched_tokens=4)
+    engine = LLMEngine(config, model=model64)
     results = {}
     pending = list(requests)
     aborted = set()
     step = 0
+    last = 2 * (len(requests) - 1)  # one arrival every other step
+    bound = workload_bound(config, ((p, params) for _, p, params in requests), last_arrival=last)
     while pending or engine.has_unfinished_requests():
+        bound.tick(engine.observe)
         if pending and step % 2 == 0:
             rid, prompt, params = pending.pop(0)
             engine.add_request(rid, prompt, params)

@@ -6,7 +6,9 @@ from collections.abc import Sequence
 
 import pytest
 
+import impl.phases
 from impl import LLMEngine
+from impl.engine import EngineStalledError, drain_step_limit
 from model import LlamaForCausalLM
 from spec.types import (
     DuplicateRequestError,
@@ -22,6 +24,7 @@ from spec.types import (
     TokenOutOfVocabError,
     UnknownRequestError,
 )
+from tests.drain import drain_within
 from tests.impl.conftest import SoloFn
 
 P = SamplingParams(max_tokens=4, ignore_eos=True)
@@ -79,7 +82,9 @@ def test_bad_requests_raise_typed_errors_and_change_nothing(
     assert engine.observe() == before
     # The live request keeps being served, with its solo outputs.
     plans = []
+    bound = drain_within(engine.observe())
     while engine.has_unfinished_requests():
+        bound.tick(engine.observe)
         plans.append(engine.step())
     (finished,) = [f for plan in plans for f in plan.finished]
     assert finished.output_token_ids == solo([5, 6, 7], P)
@@ -193,7 +198,9 @@ def test_abort_a_preempted_request_then_the_rest_finish(
     engine.add_request("b", [3, 4], params)
     engine.add_request("c", [5], params)
     preempted = None
+    bound = drain_within(engine.observe())
     while preempted is None:
+        bound.tick(engine.observe)
         plan = engine.step()
         if plan.preempted:
             preempted = plan.preempted[0].request_id
@@ -204,7 +211,9 @@ def test_abort_a_preempted_request_then_the_rest_finish(
     assert finished.output_token_ids == waiting[0].output_token_ids
     prompts = {"a": [1, 2], "b": [3, 4], "c": [5]}
     outputs = {}
+    bound = drain_within(engine.observe())
     while engine.has_unfinished_requests():
+        bound.tick(engine.observe)
         for f in engine.step().finished:
             outputs[f.request_id] = f.output_token_ids
     assert outputs == {rid: solo(p, params) for rid, p in prompts.items() if rid != preempted}
@@ -242,3 +251,14 @@ def test_default_model_is_built_when_none_is_given() -> None:
     assert len(result.output_token_ids) == 4
     with pytest.raises(ValueError, match="unknown"):
         LLMEngine(SchedulerConfig(num_gpu_blocks=8), device="cpu", dtype="float8")
+
+
+def test_generate_reports_a_stuck_engine(
+    model64: LlamaForCausalLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A scheduler that never admits (a liveness bug) fails generate() within its limit."""
+    engine = engine_with(model64)
+    monkeypatch.setattr(impl.phases, "admit", lambda scheduler, out, budget: budget)
+    with pytest.raises(EngineStalledError, match=r"\['a'\] not finished after 11 steps"):
+        engine.generate([("a", [1, 2], P)])
+    assert drain_step_limit(engine.observe()) == 11  # (1 + 1) * (cdiv(2 + 4, B) + 4) + 1

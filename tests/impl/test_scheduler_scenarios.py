@@ -18,6 +18,7 @@ from spec.types import (
     SchedulerConfig,
     StepPlan,
 )
+from tests.drain import drain_within
 from tests.impl.helpers import constant_sampler
 
 RECOMPUTE = PreemptionMode.RECOMPUTE
@@ -73,7 +74,9 @@ def test_lifo_recompute_chunked_scenario() -> None:
     s = abc_scheduler()
     sample = constant_sampler(9)
     plans = []
+    bound = drain_within(s.observe())
     while s.has_unfinished_requests():
+        bound.tick(s.observe)
         plans.append(s.step(sample))
         s.check_invariants()
     expected = [
@@ -130,7 +133,9 @@ def test_lifo_recompute_chunked_scenario() -> None:
 def test_recomputed_tokens_are_counted_in_the_output() -> None:
     s = abc_scheduler()
     recomputed = []
+    bound = drain_within(s.observe())
     while s.has_unfinished_requests():
+        bound.tick(s.observe)
         out = s.schedule()
         s.commit(out, [9] * out.num_samples)
         recomputed.append(out.num_recomputed_tokens)

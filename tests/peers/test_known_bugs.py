@@ -11,6 +11,7 @@ machines classify it by.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,6 +19,7 @@ from kvsched.peers import make_peer
 from kvsched.peers.known import N2_N6, N5, N12, V11, KnownBug, classify, installed_version
 from kvsched.peers.lockstep import run_workload
 from kvsched.peers.protocol import PeerFailure
+from kvsched.peers.vllm_v1 import VllmAdapter, VllmOptions
 from kvsched.workload import WorkloadRequest, read_workload
 from spec.oracle import HashOracle
 from spec.types import InvalidRequestError, SamplingParams, SchedulerConfig, Semantics
@@ -140,53 +142,96 @@ def test_the_machines_recognise_the_bug(
     assert classify("nano-vllm", report.divergence) is bug, report.divergence
 
 
-#: tests/peers/repros/undone_chunk_keys.jsonl (V11): V (priority 2) and X (priority 0,
-#: V's tokens: it shares V's blocks) decode while R (priority 1) prefills; at step 3 V's
-#: decode keys the block of position 4, R needs blocks, V's chunk is undone and R
-#: preempts itself; at step 4 Y (V's tokens and one more) arrives.
-V11_CONFIG = SchedulerConfig(
-    num_gpu_blocks=16,
-    block_size=1,
-    max_num_batched_tokens=6,
-    max_num_seqs=4,
-    enable_prefix_caching=True,
-    semantics=Semantics.VLLM_V1,
-    policy="priority",
-)
-V11_WORKLOAD = read_workload(Path(__file__).parent / "repros" / "undone_chunk_keys.jsonl")
+#: V11's two triggers: (config, vLLM's long_prefill_token_threshold, workload file).
+#: undone_chunk_keys.jsonl: V (priority 2) and X (priority 0, V's tokens: it shares V's
+#: blocks) decode while R (priority 1) prefills; at step 3 V's decode keys the block of
+#: position 4, R needs blocks, V's chunk is undone and R preempts itself; at step 4 Y
+#: (V's tokens and one more) arrives and hits that block.
+#: undone_prefill_chunk_keys.jsonl: V (priority 2, 127 tokens) prefills in chunks of the
+#: threshold (32) once R (priority 1, 16 tokens) runs beside it; at step 2 V's chunk
+#: [80, 112) keys two blocks, R's decode needs a block, V is preempted and its chunk
+#: undone, R takes back one of the two; at step 3 V itself comes back and hits the
+#: other (positions 80-95). No self-preemption (scripts/repro_v11_long_prefill.py is
+#: the same case, standalone).
+V11_TRIGGERS = {
+    "requester-preempts-itself": (
+        SchedulerConfig(
+            num_gpu_blocks=16,
+            block_size=1,
+            max_num_batched_tokens=6,
+            max_num_seqs=4,
+            enable_prefix_caching=True,
+            semantics=Semantics.VLLM_V1,
+            policy="priority",
+        ),
+        0,
+        "undone_chunk_keys.jsonl",
+    ),
+    "long-prefill-threshold": (
+        SchedulerConfig(
+            num_gpu_blocks=8,
+            block_size=16,
+            max_num_batched_tokens=48,
+            max_num_seqs=4,
+            enable_prefix_caching=True,
+            semantics=Semantics.VLLM_V1,
+            policy="priority",
+        ),
+        32,
+        "undone_prefill_chunk_keys.jsonl",
+    ),
+}
+V11_CONFIG, _, _V11_FILE = V11_TRIGGERS["requester-preempts-itself"]
+V11_WORKLOAD = read_workload(Path(__file__).parent / "repros" / _V11_FILE)
 V11_ORACLE = HashOracle(vocab_size=256)
 
 
+def _admitted_with_hit(scheduler_output: Any) -> list[tuple[str, int]]:
+    """(request, hit length) of each request a ``SchedulerOutput`` (re)admits: a new one
+    carries its hit in ``num_computed_tokens``, and so does a resumed one (vLLM's V1
+    model runner gets resumed requests among the cached ones)."""
+    cached = scheduler_output.scheduled_cached_reqs
+    return [
+        *((new.req_id, new.num_computed_tokens) for new in scheduler_output.scheduled_new_reqs),
+        *(
+            (rid, computed)
+            for rid, computed in zip(cached.req_ids, cached.num_computed_tokens, strict=True)
+            if rid in cached.resumed_req_ids
+        ),
+    ]
+
+
 @on_pinned_version(V11)
-def test_v11_every_hit_block_was_written_by_a_forward() -> None:
+@pytest.mark.parametrize("trigger", sorted(V11_TRIGGERS))
+def test_v11_every_hit_block_was_written_by_a_forward(trigger: str) -> None:
     """No admission may hit a block whose K/V no forward wrote. The peer runs alone: its
-    ``SchedulerOutput``s tell which (block, position) each forward computes and which
-    blocks each new request hit; on 0.32.0 Y hits V's block of position 4, keyed when
-    V's undone decode was scheduled."""
+    ``SchedulerOutput``s tell which (block, position) each forward computes and what
+    each (re)admitted request hit; on 0.32.0 a block keyed by an undone chunk is hit (Y
+    hits V's block of position 4; V hits its own block of positions 80-95)."""
     require_peer("vllm")
-    peer = make_peer("vllm", V11_CONFIG)
-    scheduler = peer.scheduler  # type: ignore[attr-defined]
-    table = scheduler.kv_cache_manager.coordinator.single_type_managers[0].req_to_blocks
+    config, threshold, file = V11_TRIGGERS[trigger]
+    peer = VllmAdapter(config, VllmOptions(long_prefill_token_threshold=threshold))
+    scheduler = peer.scheduler
+    block_size = config.block_size
     written: set[tuple[int, int]] = set()  # (vLLM block id, position) a forward computed
     hit_unwritten: list[str] = []
     schedule = scheduler.schedule
 
-    def recording_schedule() -> object:
+    def recording_schedule() -> Any:
         out = schedule()
-        for new in out.scheduled_new_reqs:
-            computed = new.num_computed_tokens  # the hit: positions below it
-            blocks = table[new.req_id]
-            hit_unwritten.extend(
-                new.req_id for pos in range(computed) if (blocks[pos].block_id, pos) not in written
-            )
+        for rid, computed in _admitted_with_hit(out):  # the hit: positions below computed
+            (blocks,) = scheduler.kv_cache_manager.get_block_ids(rid)
+            if any((blocks[p // block_size], p) not in written for p in range(computed)):
+                hit_unwritten.append(rid)
         for rid, n in out.num_scheduled_tokens.items():
-            request = scheduler.requests[rid]
-            start = request.num_computed_tokens - n
-            written.update((table[rid][pos].block_id, pos) for pos in range(start, start + n))
+            start = scheduler.requests[rid].num_computed_tokens - n
+            (blocks,) = scheduler.kv_cache_manager.get_block_ids(rid)
+            written.update((blocks[p // block_size], p) for p in range(start, start + n))
         return out
 
     scheduler.schedule = recording_schedule
-    pending = sorted(V11_WORKLOAD, key=lambda r: r.arrival_step)
+    workload = read_workload(Path(__file__).parent / "repros" / file)
+    pending = sorted(workload, key=lambda r: r.arrival_step)
     steps = 0
     while pending or peer.has_unfinished_requests():
         while pending and pending[0].arrival_step <= steps:

@@ -1,55 +1,24 @@
-"""The peer machines (tests/peers/machine.py): vLLM V1's and nano-vllm's real schedulers
-against the spec under their semantics profiles, every step, on the suite's rules.
-
-Run like the stateful suite (tests/stateful/harness.py): sized per Hypothesis profile
-(tests/stateful/profiles.py), coverage asserted under ``ci`` and ``nightly``, the
-report (examples, steps, events, known peer bugs met) printed and summarised.
+"""The lockstep machine on the peers' real schedulers (tests/stateful/subjects/vllm_v1.py,
+nano_vllm.py): vLLM V1's and nano-vllm's against the spec under their semantics profiles,
+every step. Run like the stateful suite (tests/stateful/harness.py): sized per Hypothesis
+profile, coverage asserted under ``ci`` and ``nightly``, the report (examples, steps,
+events, known peer bugs met) printed and summarised. A peer that is not installed skips
+(fails under ``CI=true``).
 """
 
 from __future__ import annotations
 
-from hypothesis import settings
+import pytest
 
-from tests.peers.conftest import require_peer
-from tests.peers.machine import (
-    REQUIRED_NANO,
-    REQUIRED_VLLM,
-    REQUIRED_VLLM_PREFIX,
-    PeerMachine,
-    PrefixPeerMachine,
-)
-from tests.stateful.harness import run_differential
-from tests.stateful.profiles import SUPPRESSED
+from tests.stateful.harness import run_machine
+from tests.stateful.machine import machine_for
+from tests.stateful.subjects.nano_vllm import NANO_VLLM
+from tests.stateful.subjects.vllm_v1 import VLLM, VLLM_PREFIX
+
+#: A new peer: its subject file (tests/stateful/subjects/) and a line here.
+PEER_MACHINES = {subject.name: machine_for(subject) for subject in (VLLM, VLLM_PREFIX, NANO_VLLM)}
 
 
-@settings(deadline=None, suppress_health_check=SUPPRESSED)
-class VllmMachine(PeerMachine):
-    NAME = "VllmMachine"
-    PEER = "vllm"
-
-
-@settings(deadline=None, suppress_health_check=SUPPRESSED)
-class VllmPrefixMachine(PrefixPeerMachine):
-    NAME = "VllmPrefixMachine"
-    PEER = "vllm"
-
-
-@settings(deadline=None, suppress_health_check=SUPPRESSED)
-class NanoVllmMachine(PrefixPeerMachine):
-    NAME = "NanoVllmMachine"
-    PEER = "nano-vllm"
-
-
-def test_vllm_machine() -> None:
-    require_peer("vllm")
-    run_differential(VllmMachine, REQUIRED_VLLM)
-
-
-def test_vllm_prefix_machine() -> None:
-    require_peer("vllm")
-    run_differential(VllmPrefixMachine, REQUIRED_VLLM_PREFIX)
-
-
-def test_nano_vllm_machine() -> None:
-    require_peer("nano-vllm")
-    run_differential(NanoVllmMachine, REQUIRED_NANO)
+@pytest.mark.parametrize("name", sorted(PEER_MACHINES))
+def test_peer_machine(name: str) -> None:
+    run_machine(PEER_MACHINES[name])

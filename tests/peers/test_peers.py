@@ -21,6 +21,7 @@ from kvsched.workload import WorkloadRequest, read_workload
 from spec.oracle import HashOracle
 from spec.types import PreemptionMode, SamplingParams, ScheduledChunk, SchedulerConfig, Semantics
 from tests.cli.helpers import Invoke
+from tests.drain import drain_within
 from tests.peers.conftest import require_peer
 
 REPROS = Path(__file__).parent / "repros"
@@ -265,6 +266,13 @@ def test_a_missing_peer_names_the_install_script(
     assert result.err.count("\n") == 1 and "scripts/install_peers" in result.err
 
 
+def drain(lock: Lockstep) -> None:
+    bound = drain_within(lock.state)
+    while lock.unfinished():
+        bound.tick(lock.state)
+        lock.step()
+
+
 def test_aborts_in_every_state_and_id_reuse(peer_name: str) -> None:
     """Abort while waiting and while running, re-add a freed id, drain: every step agrees."""
     config = SchedulerConfig(
@@ -279,11 +287,9 @@ def test_aborts_in_every_state_and_id_reuse(peer_name: str) -> None:
     lock.step()
     lock.abort("r1")  # running
     lock.compare_states()
-    while lock.unfinished():
-        lock.step()
+    drain(lock)
     lock.add("r1", (110, 1), params)  # the id is free again
-    while lock.unfinished():
-        lock.step()
+    drain(lock)
     lock.finish()
     assert lock.steps >= 5
 

@@ -2,10 +2,10 @@
 
 Each bad policy of ``tests/policies/bad.py`` is registered on both sides for the
 test only (the registries are monkeypatched back afterwards) and the suite's own
-machine, ``SchedulerDifferential``, is run on it with ``run_state_machine_as_test``.
-The subclass below changes only what the suite cannot know: the policy it draws (the
-bad one) and, for ``evict-oldest``, restart mode, the mode in which that policy
-livelocks. Everything else (rules, invariants, the bounded drain in ``teardown``) is the
+machine, on the toy scheduler's subject, is run on it with ``run_state_machine_as_test``.
+The subject below changes only what the suite cannot know: the configs it draws (the
+bad policy and, for ``evict-oldest``, restart mode, the mode in which that policy
+livelocks). Everything else (rules, invariants, the bounded drain in ``teardown``) is the
 suite's.
 """
 
@@ -26,12 +26,11 @@ import spec.policies
 from spec.types import PreemptionMode, SchedulerConfig, Semantics
 from tests.policies.bad import BAD_POLICIES
 from tests.stateful.failures import InvariantViolation
-from tests.stateful.invariants import INVARIANT_NAMES
-from tests.stateful.rules import init_rule
+from tests.stateful.machine import INVARIANT_NAMES, LockstepMachine, machine_for
 from tests.stateful.strategies import engine_configs
-from tests.stateful.test_scheduler_differential import SchedulerDifferential
+from tests.stateful.subjects.scheduler import SCHEDULER
 
-#: The suite's drain and progress checks (tests/stateful/machine.py, step.py).
+#: The suite's drain and progress checks (tests/stateful/machine.py).
 LIVENESS_FAILURES = ("[drain_bound]", "[no_livelock]", "[step_progress]", "[all_finished]")
 
 
@@ -44,26 +43,16 @@ def register(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
     monkeypatch.setitem(impl.policies.POLICIES, name, engine_factory)
 
 
-def machine_for(name: str, mode: PreemptionMode | None) -> type[SchedulerDifferential]:
-    """``SchedulerDifferential`` whose ``init_engine`` draws its config with ``name``.
-
-    The rule draws what the suite's own ``init_engine`` draws (its config strategy,
-    mapped to the bad policy, and its initial load) and starts the engine the same way.
-    """
+def bad_policy_machine(name: str, mode: PreemptionMode | None) -> type[LockstepMachine]:
+    """The machine on the toy scheduler's subject, whose configs (kvsched's) use ``name``."""
 
     def with_bad_policy(config: SchedulerConfig) -> SchedulerConfig:
         if mode is None:
             return replace(config, policy=name)
         return replace(config, policy=name, preemption_mode=mode)
 
-    class BadPolicyMachine(SchedulerDifferential):
-        NAME = f"BadPolicy[{name}]"
-
-        init_engine = init_rule(
-            engine_configs(semantics_choices=(Semantics.KVSCHED,)).map(with_bad_policy)
-        )
-
-    return BadPolicyMachine
+    configs = engine_configs(semantics_choices=(Semantics.KVSCHED,)).map(with_bad_policy)
+    return machine_for(replace(SCHEDULER, machine=f"BadPolicy[{name}]", configs=configs))
 
 
 SETTINGS = settings(
@@ -93,7 +82,7 @@ def run_bad(
     monkeypatch: pytest.MonkeyPatch, name: str, mode: PreemptionMode | None
 ) -> tuple[str, list[str], list[str]]:
     register(monkeypatch, name)
-    machine = machine_for(name, mode)
+    machine = bad_policy_machine(name, mode)
     with pytest.raises(InvariantViolation) as caught:
         run_state_machine_as_test(machine, settings=SETTINGS)
     message = str(caught.value)

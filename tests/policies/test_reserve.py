@@ -24,6 +24,7 @@ from spec.types import (
     SchedulerState,
     StepPlan,
 )
+from tests.drain import drain_within, workload_bound
 from tests.policies import workloads
 
 TOKEN = 7  # never an EOS: every request runs to max_tokens
@@ -168,7 +169,9 @@ def run_spec(cfg: SchedulerConfig) -> list[StepPlan]:
             state, rid, (1,) * prompt_len, SamplingParams(max_tokens=max_tokens)
         )
     plans = []
+    bound = drain_within(state)
     while spec.has_unfinished_requests(state):
+        bound.tick(state)
         state, plan = spec.step(state, lambda tokens: TOKEN)
         plans.append(plan)
     return plans
@@ -183,7 +186,9 @@ def run_engine(cfg: SchedulerConfig) -> list[StepPlan]:
         return [TOKEN] * out.num_samples
 
     plans = []
+    bound = drain_within(scheduler.observe())
     while scheduler.has_unfinished_requests():
+        bound.tick(scheduler.observe)
         plans.append(scheduler.step(sample))
         scheduler.check_invariants()  # includes the policy's running-peak counter
     return plans
@@ -267,7 +272,13 @@ def test_counter_follows_every_way_in_and_out_of_running(mode: str) -> None:
         return [TOKEN] * out.num_samples
 
     seen = {"preempted": 0, "swapped_in": 0, "admitted": 0, "rolled_back": 0}
+    bound = workload_bound(
+        scheduler.config,
+        ((prompt, workloads.params(m, p)) for _, prompt, m, _, p in pending),
+        last_arrival=pending[-1][3],
+    )
     while pending or scheduler.has_unfinished_requests():
+        bound.tick(scheduler.observe)
         while pending and pending[0][3] <= scheduler.num_steps:
             rid, prompt, max_tokens, _, priority = pending.pop(0)
             scheduler.add_request(rid, prompt, workloads.params(max_tokens, priority))

@@ -16,7 +16,6 @@ from spec import (
     StepPlan,
     TokenOracle,
     add_request,
-    has_unfinished_requests,
     init_state,
     plan_violations,
     state_violations,
@@ -85,16 +84,6 @@ def checked_step(
     problems = state_violations(after) + plan_violations(state, plan, after)
     assert not problems, problems
     return after, plan
-
-
-def run_checked(
-    state: SchedulerState, oracle: TokenOracle = ORACLE, max_steps: int = 10_000
-) -> tuple[SchedulerState, list[StepPlan]]:
-    plans: list[StepPlan] = []
-    while has_unfinished_requests(state) and len(plans) < max_steps:
-        state, plan = checked_step(state, oracle)
-        plans.append(plan)
-    return state, plans
 
 
 def chunks(plan: StepPlan) -> list[tuple[str, int, int]]:

@@ -35,6 +35,7 @@ from spec import (
     init_state,
 )
 from spec.types import Semantics
+from tests.drain import drain_within
 from tests.stateful.strategies import engine_configs, profile_configs
 
 TRANSITIONS: dict[ModuleType, tuple[str, ...]] = {
@@ -47,6 +48,7 @@ TRANSITIONS: dict[ModuleType, tuple[str, ...]] = {
         "schedule",
         "complete_step",
         "step",
+        "grow",  # spec.prefix_cache's, as phases A and C call it
     ),
     spec.lifecycle: ("blocks_freed", "abort_request", "add_request"),
 }
@@ -71,7 +73,8 @@ def _checked(module: ModuleType, name: str, calls: dict[str, int]) -> Callable[.
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         bound = signature.bind(*args, **kwargs)
         bound.apply_defaults()
-        scope = {**vars(module), **bound.arguments}
+        # The caller's module's names, and the defining module's (``grow``'s ``touch``).
+        scope = {**function.__globals__, **vars(module), **bound.arguments}
         if not all(eval(pre, scope) for pre in pres):
             return function(*args, **kwargs)  # outside the contract's domain
         result = function(*args, **kwargs)
@@ -132,7 +135,9 @@ def _run(
                 state, _ = spec.lifecycle.abort_request(state, live[number % len(live)])
             elif op == "step" and live:
                 state, _ = spec.scheduler.step(state, ORACLE)
+        bound = drain_within(state)
         while spec.lifecycle.has_unfinished_requests(state):
+            bound.tick(state)
             state, _ = spec.scheduler.step(state, ORACLE)
 
 

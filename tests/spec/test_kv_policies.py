@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 from hypothesis import given
@@ -28,6 +29,7 @@ from spec import (
     never_fits,
     select_victim,
 )
+from spec.oracle import PromptLookupDrafter
 from tests.spec.helpers import config
 
 
@@ -137,3 +139,31 @@ def test_oracles_are_pure_and_in_range(prefix: list[int], vocab: int) -> None:
         assert 0 <= first < vocab
         assert oracle(tokens) == first
     assert ConstantOracle(5)(tokens) == 5
+
+
+@pytest.mark.parametrize(
+    ("tokens", "max_model_len", "drafts"),
+    [
+        ((1, 2, 3, 1, 2), None, (3, 1, 2)),  # the suffix (1, 2) occurred at 0
+        ((3, 2, 4, 1, 2, 5, 1, 2), None, (5, 1, 2)),  # the longest n-gram, not (2)'s first
+        ((5, 1, 9, 1, 7, 1), None, (9, 1, 7)),  # of its occurrences, the earliest
+        ((1, 2, 3, 1, 2, 3, 1, 2, 6, 3), None, (1, 2, 3)),
+        ((4, 4), None, (4,)),  # never past the end of the tokens
+        ((1, 2, 3, 1, 2), 6, (3,)),  # nor past max_model_len
+        ((1, 2, 3, 1, 2), 5, ()),
+        ((1, 2, 3, 4), None, ()),  # no n-gram occurs earlier
+        ((7,), None, ()),
+    ],
+)
+def test_prompt_lookup_drafts_follow_the_longest_earlier_ngram(
+    tokens: tuple[int, ...], max_model_len: int | None, drafts: tuple[int, ...]
+) -> None:
+    """vLLM's method "ngram" (scripts/crosscheck_prompt_lookup.py compares with vLLM)."""
+    drafter = PromptLookupDrafter(3, prompt_lookup_min=1, prompt_lookup_max=3)
+    assert replace(drafter, max_model_len=max_model_len)(tokens) == drafts
+
+
+def test_prompt_lookup_needs_prompt_lookup_min_tokens_of_match() -> None:
+    drafter = PromptLookupDrafter(2, prompt_lookup_min=2, prompt_lookup_max=2)
+    assert drafter((5, 1, 9, 1)) == ()  # only a one-token n-gram repeats
+    assert drafter((5, 1, 9, 5, 1)) == (9, 5)

@@ -1,4 +1,5 @@
-"""nano-vllm's prefix-cache rules (spec/profiles.py; docs/semantics.md, N7, N8, N13)."""
+"""nano-vllm's prefix-cache rules (spec/prefix_cache.py, spec/profiles.py; docs/semantics.md,
+N7, N8, N13)."""
 
 from __future__ import annotations
 
@@ -6,12 +7,8 @@ from collections import Counter
 
 import spec
 from spec.oracle import HashOracle
-from spec.profiles import (
-    give_keys_last_wins,
-    nano_pool_violations,
-    release_dropping_keys,
-    whole_sequence_admissible,
-)
+from spec.prefix_cache import give_keys_last_wins, nano_pool_violations, release_dropping_keys
+from spec.profiles import profile_defaults, whole_sequence_admissible
 from spec.types import (
     PrefixCacheState,
     Request,
@@ -25,12 +22,10 @@ PARAMS = SamplingParams(max_tokens=4, ignore_eos=True)
 
 
 def nano() -> SchedulerConfig:
+    """The profile's own config: chunked prefill off, caching on (``profile_defaults``)."""
+    semantics = Semantics.NANO_VLLM
     return SchedulerConfig(
-        num_gpu_blocks=8,
-        block_size=4,
-        enable_chunked_prefill=False,
-        enable_prefix_caching=True,
-        semantics=Semantics.NANO_VLLM,
+        num_gpu_blocks=8, block_size=4, semantics=semantics, **profile_defaults(semantics)
     )
 
 

@@ -11,7 +11,14 @@ import spec
 from kvsched.workload import read_workload
 from spec.invariants import plan_violations, state_violations
 from spec.oracle import HashOracle
-from spec.prefix_cache import longest_hit, max_hit_blocks, release, take, touch
+from spec.prefix_cache import (
+    longest_hit,
+    max_hit_blocks,
+    release,
+    take,
+    touch,
+    unkey_undone_chunk,
+)
 from spec.profiles import full_sequence_fits
 from spec.scheduler import StepDraft, schedule_running, step
 from spec.types import (
@@ -25,6 +32,7 @@ from spec.types import (
     SchedulerState,
     StepPlan,
 )
+from tests.drain import drain_within, workload_bound
 
 
 def oracle(tokens: tuple[int, ...]) -> int:
@@ -50,7 +58,9 @@ def checked_step(state: SchedulerState) -> tuple[SchedulerState, StepPlan]:
 
 
 def run_until_done(state: SchedulerState) -> SchedulerState:
+    bound = drain_within(state)
     while spec.has_unfinished_requests(state):
+        bound.tick(state)
         state, _ = checked_step(state)
     return state
 
@@ -115,7 +125,9 @@ def test_a_preempted_request_hits_its_own_freed_blocks() -> None:
     state = spec.add_request(state, "a", tuple(range(6)), SamplingParams(max_tokens=5))
     state = spec.add_request(state, "b", tuple(range(20, 26)), SamplingParams(max_tokens=5))
     hit_own = False
+    bound = drain_within(state)
     while spec.has_unfinished_requests(state):
+        bound.tick(state)
         before = state
         state, plan = checked_step(state)
         waiting = {r.request_id: r for r in before.waiting}
@@ -153,10 +165,13 @@ def test_no_hit_on_a_block_an_undone_chunk_keyed() -> None:
     )
     repro = Path(__file__).parents[1] / "peers" / "repros" / "undone_chunk_keys.jsonl"
     pending = read_workload(repro)
+    last = max(r.arrival_step for r in pending)
+    bound = workload_bound(config, ((r.prompt, r.params) for r in pending), last_arrival=last)
     state = spec.init_state(config)
     written: set[tuple[int, int]] = set()  # (block, position) some chunk computed
     undone = preemptions = 0
     while pending or spec.has_unfinished_requests(state):
+        bound.tick(state)
         while pending and pending[0].arrival_step <= state.num_steps:
             r = pending.pop(0)
             state = spec.add_request(state, r.request_id, r.prompt, r.params)
@@ -176,3 +191,19 @@ def test_no_hit_on_a_block_an_undone_chunk_keyed() -> None:
             )
         preemptions += len(plan.preempted)
     assert undone >= 1 and preemptions >= 2
+
+
+def test_an_undone_prefill_chunk_gives_back_the_keys_of_every_block_it_filled() -> None:
+    """vllm-v1/undone-chunk-unkeyed for V11's second trigger (docs/peers.md): V's chunk
+    [80, 112) keyed two blocks of 16 when it was scheduled (vLLM reaches this with
+    long_prefill_token_threshold 32, tests/peers/repros/undone_prefill_chunk_keys.jsonl);
+    undone, it gives back both keys, and the five blocks earlier chunks wrote keep theirs,
+    so V's own re-admission hits positions 0-79 at most."""
+    tokens = tuple(range(1, 128))
+    blocks = (6, 5, 4, 3, 2, 1, 0)  # V's table: position p is in blocks[p // 16]
+    cache = PrefixCacheState(
+        free_queue=(7,), cached=tuple((tokens[: 16 * (i + 1)], b) for i, b in enumerate(blocks))
+    )
+    after = unkey_undone_chunk(cache, blocks, start=80, end=112, block_size=16)
+    assert after.cached == cache.cached[:5]
+    assert after.free_queue == cache.free_queue

@@ -8,6 +8,7 @@ from dataclasses import replace
 import pytest
 
 import spec
+from spec.profiles import profile_defaults
 from spec.types import ConfigError, PreemptionMode, SamplingParams, SchedulerConfig, Semantics
 
 VLLM = Semantics.VLLM_V1
@@ -36,6 +37,17 @@ NANO = Semantics.NANO_VLLM
 def test_profile_constraints_are_config_errors(kwargs: dict[str, object], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         SchedulerConfig(num_gpu_blocks=16, block_size=4, **kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("semantics", list(Semantics))
+def test_a_profile_s_defaults_meet_its_constraints(semantics: Semantics) -> None:
+    """What a profile implies is a config it accepts; nano-vllm's needs both settings."""
+    config = SchedulerConfig(num_gpu_blocks=4, semantics=semantics, **profile_defaults(semantics))
+    assert config.semantics is semantics
+    if semantics is NANO:
+        assert not config.enable_chunked_prefill and config.enable_prefix_caching
+        with pytest.raises(ConfigError):
+            SchedulerConfig(num_gpu_blocks=4, semantics=semantics)
 
 
 def test_nano_needs_blocks_of_two_tokens() -> None:

@@ -22,6 +22,7 @@ from spec import (
 )
 from spec.prefix_cache import longest_hit
 from spec.types import Semantics
+from tests.drain import drain_within
 from tests.spec.helpers import add, checked_step, config, new_state, prompt
 
 
@@ -160,7 +161,9 @@ def judged_shared_prefix_run(cfg: SchedulerConfig, max_tokens: int) -> int:
         tokens = (*prompt(4), *prompt(1 + i % 3, 40 + i))
         state = add_request(state, f"r{i}", tokens, SamplingParams(max_tokens=max_tokens))
     judged = 0
+    bound = drain_within(state)
     while has_unfinished_requests(state):
+        bound.tick(state)
         before = state
         state, plan = checked_step(before)
         assert progress_violations(before, plan) == ()
@@ -217,7 +220,9 @@ def test_nano_vllm_runs_keep_rule_p() -> None:
     judged = 0
     for blocks in (6, 8, 12):
         state = new_state(nano(blocks), *((f"r{i}", 3 + i % 4, 5) for i in range(6)))
+        bound = drain_within(state)
         while has_unfinished_requests(state):
+            bound.tick(state)
             before = state
             state, plan = checked_step(before)
             assert progress_violations(before, plan) == ()

@@ -1,85 +1,589 @@
-"""The differential machine: rules and invariants, and a teardown that drains.
+"""``LockstepMachine``: the one state machine, for every system under test.
 
-The teardown drains the engine with a derived bound, checks that the state never
-repeats (a livelock), that every accepted request finished and the pools are empty,
-and compares every output with a solo run of its request.
+Design card. The spec and a system under test, the machine's *subject*
+(tests/stateful/subject.py; tests/stateful/subjects/: ``impl.Scheduler`` driven by a
+toy model, the whole ``impl.LLMEngine``, vLLM V1's and nano-vllm's real schedulers),
+receive the same operations through ``kvsched.peers.lockstep.Lockstep``, the project's
+one lockstep comparison (``kvsched conform`` uses it too): refusals, aborts, each step's
+decisions and whole plan, and the states after every step and every rule, each
+divergence reported as the named invariant it breaks (``compared``). Every step is also
+held to ``spec.plan_violations`` and to Rule P on each side's own state; the teardown
+drains within a derived bound, fails on a repeated state (a livelock), checks that every
+accepted request finished and compares every output with its request run alone.
+
+Everything is written once. A rule that needs something runs only where the subject's
+``Capabilities`` have it (``needs``); a subject adds its own per-step checks and fault
+snapshots through its ``Side``. A divergence that is the signature of a known peer bug
+(``Subject.known_bug``) ends the example there, counted as ``known peer bug: <id>``.
 """
 
 from __future__ import annotations
 
-from typing import Final
+import contextlib
+import dataclasses
+import functools
+import random
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from typing import ClassVar, Concatenate, Final, ParamSpec, TypeVar
 
+from hypothesis import currently_in_test_context, event, settings, target
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    Bundle,
+    MultipleResults,
+    RuleBasedStateMachine,
+    consumes,
+    initialize,
+    invariant,
+    multiple,
+    precondition,
+    rule,
+)
+
+import impl
 import spec
-from spec.policies import lifo_victim
-from spec.profiles import model_len
-from spec.types import FinishReason, SchedulerState
-from tests.stateful.failures import fail, require
-from tests.stateful.invariants import Invariants
-from tests.stateful.rules import Rules
+from impl.scheduler import Scheduler
+from kvsched.peers.known import KnownBug
+from kvsched.peers.lockstep import Advance, Diverged, Divergence, Lockstep, describe
+from spec.profiles import too_large
+from spec.types import (
+    DuplicateRequestError,
+    EmptyPromptError,
+    FinishedRequest,
+    InvalidMaxTokensError,
+    InvalidRequestError,
+    PreemptionMode,
+    RequestState,
+    RequestTooLargeError,
+    SamplingParams,
+    SchedulerConfig,
+    SchedulerState,
+    StepPlan,
+    TokenOutOfVocabError,
+    UnknownRequestError,
+)
+from tests.drain import ProgressKey, drain_bound, progress_key
+from tests.stateful import checks
+from tests.stateful.coverage import RunRecord
+from tests.stateful.events import abort_label, prefix_events, profile_events, step_events
+from tests.stateful.failures import InjectedFault, InvariantViolation, fail, require
+from tests.stateful.sizes import SUPPRESSED
+from tests.stateful.strategies import (
+    BAD_REQUESTS,
+    INITIAL_REQUESTS,
+    NEW_REQUESTS,
+    SYSTEM_PROMPT_LEN,
+    BadRequest,
+    NewRequest,
+    fit_sizes,
+    r4_caps,
+    shared_prompts,
+    system_prompt,
+)
+from tests.stateful.subject import Capabilities, Side, Subject
 
-#: Policies the LIFO liveness proof covers (docs/semantics.md, "Why every accepted
-#: request finishes"): ``lifo``, and ``reserve``, whose gate never refuses an empty engine.
-LIFO_PROOF_POLICIES: Final = frozenset({"lifo", "reserve"})
+#: The ids of the requests added so far (live or finished), for the rules that use one.
+REQUESTS: Bundle[str] = Bundle("requests")
+
+#: ``Capabilities.first_token_of_its_own``: the n-th request's first token is
+#: ``FIRST_TOKEN + n``, outside every subject's vocabulary.
+FIRST_TOKEN: Final = 10_000
+
+#: The invariant a divergence breaks, by the operation its field starts with.
+DIVERGENCE_INVARIANTS: tuple[tuple[str, str], ...] = (
+    ("plan", "plan_matches_spec"),
+    ("finished", "plan_matches_spec"),
+    ("state", "observe_matches_spec"),
+    ("blocks", "observe_matches_spec"),
+    ("add_request", "same_rejection"),
+    ("abort_request", "same_abort"),
+)
 
 
-def lifo_proof_applies(policy: str) -> bool:
-    """The proof needs LIFO victims; checked on the spec's policy, not just the name."""
-    return policy in LIFO_PROOF_POLICIES and spec.POLICIES[policy].select_victim is lifo_victim
+def divergence_invariant(field: str) -> str:
+    return next((name for op, name in DIVERGENCE_INVARIANTS if field.startswith(op)), "lockstep")
 
 
-def drain_bound(state: SchedulerState, *, lifo_proof: bool | None = None) -> int:
-    """Steps a drain from ``state`` may take.
+class ExampleEnded(Exception):
+    """A known peer bug was met: the example ends (every rule but ``step`` is disabled)."""
 
-    Where the LIFO liveness proof applies (``lifo_proof``; by default: ``lifo``, and
-    ``reserve``, LIFO victims and a gate that never refuses an empty engine:
-    docs/semantics.md): ``spec.drain_step_bound``, proven in spec.liveness. Otherwise
-    (a policy or a peer that may preempt the head of ``running``) that proof does not
-    carry over, and the bound is a documented generous one, ``(n + 1) * lifo_bound + n``
-    for ``n`` live requests (as if every request could lose all its progress once per
-    other request); the runs record the largest ratio actually seen
-    (docs/stateful-testing.md).
-    """
-    bound = spec.drain_step_bound(state)
-    if lifo_proof is None:
-        lifo_proof = lifo_proof_applies(state.config.policy)
-    if lifo_proof:
-        return bound
-    n = spec.num_unfinished_requests(state)
-    return (n + 1) * bound + n
+    def __init__(self, divergence: Divergence) -> None:
+        super().__init__(str(divergence))
+        self.divergence = divergence
 
 
-ProgressKey = tuple[int, int, tuple[tuple[tuple[int, int, tuple[int, ...]], ...], ...]]
+M = TypeVar("M", bound="LockstepMachine")
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
-def progress_key(state: SchedulerState) -> ProgressKey:
-    """The state without its counters (``num_steps``, each ``num_preemptions``), which no
-    scheduling decision reads: a preemption livelock repeats it, though the counters
-    grow. Requests are named by arrival (unique); prompt and params come with it."""
-    queues = tuple(
-        tuple((r.request.arrival, r.num_computed_tokens, r.output_token_ids) for r in queue)
-        for queue in (state.waiting, state.running, state.swapped)
+def _guarded(method: Callable[Concatenate[M, P], R], ended: R) -> Callable[Concatenate[M, P], R]:
+    def run(self: M, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        self.settled = False
+        try:
+            result = method(self, *args, **kwargs)
+        except ExampleEnded:
+            return ended  # the machine has stopped: no teardown, no more rules
+        self.settled = True
+        return result
+
+    functools.update_wrapper(run, method)  # its name and doc, as Hypothesis prints them
+    return run
+
+
+def checked(method: Callable[Concatenate[M, P], None]) -> Callable[Concatenate[M, P], None]:
+    """Wrap a rule or an invariant: the machine is unsettled while it runs. One that raises
+    leaves it unsettled, and the teardown then reports that failure instead of draining a
+    diverged state; one that meets a known peer bug ends the example."""
+    return _guarded(method, None)
+
+
+def checked_adds(
+    method: Callable[Concatenate[M, P], MultipleResults[str]],
+) -> Callable[Concatenate[M, P], MultipleResults[str]]:
+    """``checked``, for a rule that adds requests to ``REQUESTS`` (none if the example ends)."""
+    return _guarded(method, multiple())
+
+
+CAPABILITY_NAMES: Final = frozenset(f.name for f in dataclasses.fields(Capabilities))
+
+
+def needs(
+    *capabilities: str, also: Callable[[LockstepMachine], bool] | None = None
+) -> Callable[[Callable[..., object]], Callable[..., object]]:
+    """A rule's precondition: the example runs (no known peer bug met), the subject has
+    every capability named, and ``also`` holds."""
+    unknown = set(capabilities) - CAPABILITY_NAMES
+    assert not unknown, f"no such capabilities: {sorted(unknown)}"
+
+    def holds(machine: LockstepMachine) -> bool:
+        return (
+            machine.running()
+            and all(getattr(machine.caps, name) for name in capabilities)
+            and (also is None or also(machine))
+        )
+
+    return precondition(holds)
+
+
+def find_live(state: SchedulerState, request_id: str) -> tuple[str, RequestState] | None:
+    found = spec.find_request(state, request_id)
+    if found is None:
+        return None
+    queue, index = found
+    requests = {"waiting": state.waiting, "running": state.running, "swapped": state.swapped}
+    return queue, requests[queue][index]
+
+
+@dataclass(frozen=True)
+class Accepted:
+    request_id: str
+    prompt: tuple[int, ...]
+    params: SamplingParams
+
+
+class LockstepMachine(RuleBasedStateMachine):
+    """The spec and ``subject`` in lockstep (``machine_for`` binds a subject)."""
+
+    subject: ClassVar[Subject]
+    #: Where the run counts its coverage and steps; ``harness.run_machine`` gives each run
+    #: a fresh one (a replayed regression program uses this default).
+    record: ClassVar[RunRecord] = RunRecord()
+
+    requests = REQUESTS
+    config: SchedulerConfig
+    side: Side
+    lock: Lockstep
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.caps = self.subject.caps
+        self.vocab = self.subject.vocab
+        self.ready = False
+        self.settled = True  # False while a rule or an invariant runs (see ``checked``)
+        self.stopped: KnownBug | None = None
+        self.next_id = 0
+        self.num_added = 0  # requests given to both sides (``FIRST_TOKEN``)
+        self.accepted: dict[int, Accepted] = {}  # by arrival (ids may be reused)
+        self.outcomes: dict[int, FinishedRequest] = {}
+        self.finished_prompts: set[tuple[int, ...]] = set()  # of outcomes, for the events
+        self.preemptions = 0
+        self.peak_gpu_used = 0
+        self.peak_swapped = 0
+        # Prefix caching: the example's system prompt, the prompts sent to share a prefix
+        # (to send again), the blocks each victim gave up (for the events).
+        self.system_prompt: tuple[int, ...] = ()
+        self.sent: list[Accepted] = []
+        self.victim_blocks: dict[int, frozenset[int]] = {}
+
+    def running(self) -> bool:
+        return self.ready and self.stopped is None
+
+    # --- set-up ----------------------------------------------------------------------------
+
+    @initialize(
+        target=REQUESTS,
+        config=st.runner().flatmap(lambda machine: machine.subject.configs),
+        initial=INITIAL_REQUESTS,
     )
-    return state.num_free_gpu_blocks, state.num_free_cpu_blocks, queues
+    @checked_adds
+    def init_engine(
+        self, config: SchedulerConfig, initial: list[NewRequest]
+    ) -> MultipleResults[str]:
+        """A fresh system under test for ``config`` and an initial load (swarm testing may
+        switch every add rule off in an example; the pools still see work)."""
+        require(
+            sorted(spec.POLICIES) == sorted(impl.POLICIES),
+            "policy_registry",
+            f"spec registers {sorted(spec.POLICIES)}, impl {sorted(impl.POLICIES)}",
+        )
+        assert config.enable_prefix_caching == self.caps.caching, config  # the subject's draw
+        assert self.caps.swap or config.preemption_mode is not PreemptionMode.SWAP, config
+        self.config = config
+        with self.compared("init"):
+            self.side = self.subject.start(config, self.note)
+        self.lock = self.side.lock
+        self.ready = True
+        self.record.stats.examples += 1
+        self.note(f"config: semantics={config.semantics}")
+        self.note(f"config: policy={config.policy}")
+        self.note(f"config: mode={config.preemption_mode}")
+        self.note(f"config: block_size={config.block_size}")
+        self.note(f"config: chunked prefill {'on' if config.enable_chunked_prefill else 'off'}")
+        if config.max_num_seqs == 1:
+            self.note("config: max_num_seqs=1")
+        if config.enable_prefix_caching:
+            self.note("config: prefix caching on")
+            self.system_prompt = system_prompt(config, self.vocab)
+        return multiple(*self.add_all(initial))
 
+    # --- rules: adds -----------------------------------------------------------------------
 
-class DifferentialMachine(Rules, Invariants):
-    """Rules, invariants and teardown shared by both machines (tests/stateful/base.py).
+    @needs()
+    @rule(target=REQUESTS, req=NEW_REQUESTS)
+    @checked_adds
+    def add_request(self, req: NewRequest) -> MultipleResults[str]:
+        return multiple(*self.add_all([req]))
 
-    A subclass provides the real side in lockstep with the spec (``new_lockstep``,
-    ``real_scheduler``), solo reference outputs (``solo``) and its faults.
-    """
+    @needs()
+    @rule(target=REQUESTS, reqs=st.lists(NEW_REQUESTS, min_size=2, max_size=6))
+    @checked_adds
+    def add_burst(self, reqs: list[NewRequest]) -> MultipleResults[str]:
+        return multiple(*self.add_all(reqs))
 
-    # --- teardown: bounded drain, completion, solo outputs -------------------------------------
+    @needs()
+    @rule(target=REQUESTS, req=NEW_REQUESTS, copies=st.integers(2, 6))
+    @checked_adds
+    def add_identical(self, req: NewRequest, copies: int) -> MultipleResults[str]:
+        """The same request several times (one prompt from many users): they advance in
+        lockstep, so policies meet exact ties (same outputs, same prompt length); under
+        ``first_token_of_its_own`` identical but for the first token."""
+        self.note("add: identical requests")
+        return multiple(*self.add_all([req] * copies))
+
+    @needs(also=lambda machine: not machine.caps.oversize_in_every_add)
+    @rule(target=REQUESTS, req=NEW_REQUESTS)
+    @checked_adds
+    def add_oversize(self, req: NewRequest) -> MultipleResults[str]:
+        """A request not clamped to fit, where the other adds only draw fitting ones: R4
+        (or vllm-v1/max-model-len) refuses it if it is too large."""
+        return multiple(*self.add_all([req], oversize=True))
+
+    @needs()
+    @rule(request_id=REQUESTS, req=NEW_REQUESTS)
+    @checked
+    def add_with_used_id(self, request_id: str, req: NewRequest) -> None:
+        """A live id is a duplicate (R4.4; tried only where the subject refuses it); a
+        finished or aborted one may be reused."""
+        live = spec.is_live(self.lock.state, request_id)
+        if live and not self.caps.duplicate_ids:
+            return
+        prompt, params = self.resolve(req)
+        expected = DuplicateRequestError if live else None
+        if self.submit(request_id, prompt, params, expected) and not live:
+            self.note("add: reused the id of a finished request")
+
+    @needs("bad_requests")
+    @rule(bad=BAD_REQUESTS)
+    @checked
+    def add_bad_request(self, bad: BadRequest) -> None:
+        """Defects combined; both sides must raise the first in R4's order, nothing changes."""
+        live = spec.live_request_ids(self.lock.state)
+        duplicate = bad.duplicate and bool(live) and self.caps.duplicate_ids
+        too_large = bad.too_large or not (
+            bad.empty or bad.zero_max_tokens or bad.out_of_vocab or duplicate
+        )
+        capacity = self.config.num_gpu_blocks * self.config.block_size
+        prompt_len = 0 if bad.empty else (capacity + 1 if too_large else 2)
+        rng = random.Random(bad.salt)
+        prompt = [rng.randrange(self.vocab) for _ in range(prompt_len)]
+        if bad.out_of_vocab and prompt:
+            prompt[rng.randrange(len(prompt))] = self.vocab if bad.oov_high else -1
+        request_id = live[bad.salt % len(live)] if duplicate else self.fresh_id("bad")
+        params = SamplingParams(max_tokens=0 if bad.zero_max_tokens else 2)
+        expected: type[InvalidRequestError]
+        if bad.empty:
+            expected = EmptyPromptError
+        elif bad.zero_max_tokens:
+            expected = InvalidMaxTokensError
+        elif bad.out_of_vocab:
+            expected = TokenOutOfVocabError
+        elif duplicate:
+            expected = DuplicateRequestError
+        else:
+            expected = RequestTooLargeError
+        accepted = self.submit(request_id, prompt, params, expected)
+        require(not accepted, "same_rejection", lambda: f"a bad request {bad} was accepted")
+
+    # --- rules: shared prefixes (prefix caching) -------------------------------------------
+
+    @needs("caching")
+    @rule(
+        target=REQUESTS,
+        req=NEW_REQUESTS,
+        prefix_len=st.integers(1, SYSTEM_PROMPT_LEN),
+        own=st.integers(0, 8),
+        copies=st.integers(1, 4),
+    )
+    @checked_adds
+    def add_shared_prefix(
+        self, req: NewRequest, prefix_len: int, own: int, copies: int
+    ) -> MultipleResults[str]:
+        """``shared_prompts``: the system prompt's first ``prefix_len`` tokens, then each
+        copy's ``own`` tokens of its own; none: the system prompt cut at whole blocks,
+        the same prompt every copy (a hit on every block it may hit). ``req`` gives the
+        parameters; ``send`` cuts each prompt to what R4 accepts."""
+        prompts = shared_prompts(
+            self.system_prompt,
+            prefix_len + own,
+            self.config.block_size,
+            prefix_len=prefix_len,
+            exact_blocks=own == 0,
+            copies=copies,
+            salt=req.salt,
+            vocab=self.vocab,
+        )
+        self.note("add: shared prefix")
+        return multiple(*self.send(prompts, req))
+
+    @needs("caching", also=lambda machine: bool(machine.sent))
+    @rule(target=REQUESTS, pick=st.integers(0, 2**16))
+    @checked_adds
+    def resend(self, pick: int) -> MultipleResults[str]:
+        """A prompt sent before, again, wherever its first copy is now (running, finished,
+        preempted, its blocks reclaimed or not)."""
+        first = self.sent[pick % len(self.sent)]
+        return multiple(*self.send([first.prompt], first.params))
+
+    @needs("caching", also=lambda machine: bool(machine.sent))
+    @rule(target=REQUESTS, pick=st.integers(0, 2**16), turns=st.integers(1, 8))
+    @checked_adds
+    def add_next_turn(self, pick: int, turns: int) -> MultipleResults[str]:
+        """A prompt sent before followed by its first ``turns`` outputs (the next turn of a
+        chat): the blocks its first copy's decodes filled (and keyed) are this one's too."""
+        first = self.sent[pick % len(self.sent)]
+        answer = self.side.solo(first.prompt, first.params)[:turns]
+        self.note("add: next turn of an earlier prompt")
+        return multiple(*self.send([(*first.prompt, *answer)], first.params))
+
+    # --- rules: aborts ---------------------------------------------------------------------
+
+    @needs()
+    @rule(request_id=consumes(REQUESTS))
+    @checked
+    def abort(self, request_id: str) -> None:
+        """Abort an id added earlier: live in any state (R11), or finished (unknown: tried
+        only where the subject refuses an unknown id)."""
+        if self.caps.unknown_ids or spec.is_live(self.lock.state, request_id):
+            self.abort_id(request_id)
+
+    @needs(also=lambda machine: spec.has_unfinished_requests(machine.lock.state))
+    @rule(
+        queue=st.sampled_from(("waiting", "running", "prefilling", "swapped")),
+        pick=st.integers(0, 2**16),
+    )
+    @checked
+    def abort_live(self, queue: str, pick: int) -> None:
+        """Abort a live request of ``queue`` (``prefilling``: running, in the middle of a
+        chunked prefill), or of the first non-empty queue."""
+        state = self.lock.state
+        chosen = {
+            "waiting": state.waiting,
+            "running": state.running,
+            "prefilling": self.prefilling(),
+            "swapped": state.swapped,
+        }
+        queues = (state.waiting, state.running, state.swapped)
+        candidates = chosen[queue] or next(q for q in queues if q)
+        self.abort_id(candidates[pick % len(candidates)].request_id)
+
+    # The two states below last a step or two (a victim comes back as soon as it fits, a
+    # chunked prefill ends in a few chunks): rules of their own, enabled exactly while one
+    # exists, abort there far more often than a pick among all live requests.
+
+    @needs(also=lambda machine: bool(machine.preempted_waiting()))
+    @rule(pick=st.integers(0, 2**16))
+    @checked
+    def abort_preempted(self, pick: int) -> None:
+        """Abort a request waiting after a preemption."""
+        victims = self.preempted_waiting()
+        self.abort_id(victims[pick % len(victims)].request_id)
+
+    @needs(also=lambda machine: bool(machine.prefilling()))
+    @rule(pick=st.integers(0, 2**16))
+    @checked
+    def abort_prefilling(self, pick: int) -> None:
+        """Abort a running request in the middle of a chunked prefill."""
+        partial = self.prefilling()
+        self.abort_id(partial[pick % len(partial)].request_id)
+
+    @needs("unknown_ids")
+    @rule()
+    @checked
+    def abort_unknown(self) -> None:
+        request_id = self.fresh_id("ghost")
+        with self.compared("abort_request"):
+            try:
+                self.lock.abort(request_id)
+            except UnknownRequestError:
+                self.note("reject: UnknownRequestError")
+                return
+        fail("same_abort", f"abort of unknown {request_id!r} succeeded")
+
+    # --- rules: steps ----------------------------------------------------------------------
+
+    @rule()
+    @checked
+    def step(self) -> None:
+        """One step (nothing once a known peer bug ended the example: the one rule always
+        enabled, so that an example can always go on)."""
+        if self.running():
+            self.do_step()
+
+    @needs()
+    @rule(n=st.integers(2, 10))
+    @checked
+    def run_steps(self, n: int) -> None:
+        for _ in range(n):
+            self.do_step()
+
+    @needs()
+    @rule(limit=st.integers(1, 40), abort_victim=st.sampled_from((True, True, False)))
+    @checked
+    def run_until_preemption(self, limit: int, abort_victim: bool) -> None:
+        """Step until a step preempts; then maybe abort a victim at once, while it is
+        swapped or waiting after the preemption (states that do not last): a swapped one
+        if any, else the last."""
+        for _ in range(limit):
+            plan = self.do_step()
+            if plan is not None and plan.preempted:
+                if abort_victim:
+                    swapped = [p for p in plan.preempted if p.mode is PreemptionMode.SWAP]
+                    self.abort_id((swapped or list(plan.preempted))[-1].request_id)
+                return
+
+    # --- rules: faults (one per kind: Hypothesis picks rules evenly, and swarm testing
+    # switches each on or off, where one rule drawing the kind was skewed to a few) ----------
+
+    @needs("faults")
+    @rule(when_preempting=st.booleans())
+    @checked
+    def inject_forward_fault(self, when_preempting: bool) -> None:
+        """The next forward raises before running (``when_preempting``: the next forward
+        of a step that preempts); then step."""
+        self.inject("forward", when_preempting)
+
+    @needs("faults")
+    @rule(when_preempting=st.sampled_from((True, True, False)))
+    @checked
+    def inject_fault_after_kv_write(self, when_preempting: bool) -> None:
+        """The next forward raises after writing its K/V, possibly into blocks this step's
+        victims gave up: the rollback must restore them (hence mostly in a step that
+        preempts)."""
+        self.inject("forward after KV write", when_preempting)
+
+    @needs("faults", also=lambda m: m.config.preemption_mode is PreemptionMode.SWAP)
+    @rule()
+    @checked
+    def inject_swap_out_fault(self) -> None:
+        """The next swap-out copy raises (before copying)."""
+        self.inject("swap-out copy", when_preempting=True)
+
+    @needs("faults", also=lambda m: m.config.preemption_mode is PreemptionMode.SWAP)
+    @rule()
+    @checked
+    def inject_swap_in_fault(self) -> None:
+        """The next swap-in copy raises (after copying into the fresh GPU blocks)."""
+        self.inject("swap-in copy", when_preempting=False)
+
+    def inject(self, kind: str, when_preempting: bool) -> None:
+        """Arm a fault and step. It fires once, at the next step that can hit it (a swap
+        copy needs a swap; ``when_preempting``: only in a step that preempts)."""
+        self.side.arm_fault(kind, when_preempting)
+        self.do_step()
+
+    # --- invariants, after every rule ------------------------------------------------------
+
+    @invariant()
+    @needs()
+    @checked
+    def observe_matches_spec(self) -> None:
+        if self.lock.last_observed is None:  # else nothing changed since it was compared
+            with self.compared("observe", "observe_matches_spec"):
+                self.lock.compare_states()
+
+    @invariant()
+    @needs()
+    @checked
+    def spec_state_valid(self) -> None:
+        violations = spec.state_violations(self.lock.state)
+        require(not violations, "spec_state_valid", "; ".join(violations))
+
+    # Our own scheduler's pools and block tables (``Side.scheduler``).
+
+    @invariant()
+    @needs(also=lambda machine: machine.side.scheduler is not None)
+    @checked
+    def kv_within_capacity(self) -> None:
+        checks.kv_within_capacity(self.scheduler())
+
+    @invariant()
+    @needs(also=lambda machine: machine.side.scheduler is not None)
+    @checked
+    def blocks_conserved(self) -> None:
+        checks.blocks_conserved(self.scheduler(), self.config.block_size)
+
+    @invariant()
+    @needs(also=lambda machine: machine.side.scheduler is not None)
+    @checked
+    def real_self_check(self) -> None:
+        checks.real_self_check(self.scheduler())
+
+    # --- teardown: a bounded drain, then what must hold once nothing is live ---------------
 
     def teardown(self) -> None:
-        if not self.ready or not self.settled:
-            return  # a rule failed: report that, not a drain of a diverged state
+        if not self.running() or not self.settled:
+            return  # a rule failed (report that, not a drain of a diverged state)
+        try:
+            steps = self.drain()
+        except ExampleEnded:
+            return
+        self.check_drained()
+        self.target(float(self.preemptions), "preemptions")
+        self.target(float(self.peak_gpu_used) / self.config.num_gpu_blocks, "peak GPU use")
+        self.target(float(self.peak_swapped), "peak swapped requests")
+        self.target(float(steps), "drain steps")
+
+    def drain(self) -> int:
+        """Step until nothing is live on either side, within ``drain_bound``, never
+        repeating a state; the number of (committed) drain steps."""
         start = self.lock.state
         bound = drain_bound(start)
-        lifo_bound = spec.drain_step_bound(start)
         seen: set[ProgressKey] = set()
         steps = 0
-        while spec.has_unfinished_requests(self.lock.state):
+        while self.lock.unfinished():
             if steps >= bound:
                 fail(
                     "drain_bound",
@@ -96,51 +600,302 @@ class DifferentialMachine(Rules, Invariants):
             if key in seen:
                 fail("no_livelock", f"state repeats after {steps} drain steps")
             seen.add(key)
-        if self.config.policy != "lifo" and lifo_bound > 0:  # the ratio for the others
-            policy = self.config.policy
+        with self.compared("finish"):
+            self.lock.finish()
+        lifo_bound = spec.drain_step_bound(start)
+        policy = self.config.policy
+        if policy != "lifo" and lifo_bound > 0:  # the ratio for the others
             ratio = steps / lifo_bound
-            self.record.stats.max_drain_ratio[policy] = max(
-                self.record.stats.max_drain_ratio.get(policy, 0.0), ratio
-            )
+            ratios = self.record.stats.max_drain_ratio
+            ratios[policy] = max(ratios.get(policy, 0.0), ratio)
             if ratio > 1:
                 self.note(f"drain: {policy} exceeded the LIFO bound")
-        self.check_drained()
-        self.target(float(self.preemptions), "preemptions")
-        self.target(float(self.peak_gpu_used) / self.config.num_gpu_blocks, "peak GPU use")
-        self.target(float(self.peak_swapped), "peak swapped requests")
-        self.target(float(steps), "drain steps")
+        return steps
 
     def check_drained(self) -> None:
+        """What must hold once nothing is live: every accepted request finished (or was
+        aborted), our pools are empty, every output is its request's solo output."""
         missing = sorted(
             (a.request_id, arrival)
             for arrival, a in self.accepted.items()
             if arrival not in self.outcomes
         )
         require(not missing, "all_finished", lambda: f"accepted but never finished: {missing}")
-        scheduler = self.real_scheduler()
-        require(
-            not scheduler.has_unfinished_requests()
-            and scheduler.gpu.num_free_blocks == scheduler.gpu.num_blocks
-            and scheduler.cpu.num_free_blocks == scheduler.cpu.num_blocks,
-            "pools_empty_after_drain",
-            f"GPU free {scheduler.gpu.num_free_blocks}/{scheduler.gpu.num_blocks}, CPU free "
-            f"{scheduler.cpu.num_free_blocks}/{scheduler.cpu.num_blocks}, "
-            f"{scheduler.num_unfinished_requests} live",
-        )
-        length = model_len(self.config)
+        if self.side.scheduler is not None:
+            checks.pools_empty_after_drain(self.side.scheduler)
         for arrival, finished in sorted(self.outcomes.items()):
             accepted = self.accepted[arrival]
-            solo = self.solo(accepted.prompt, accepted.params)
-            if length is not None:  # vllm-v1/max-model-len: a solo run stops there too
-                solo = solo[: length - len(accepted.prompt)]
-            outputs = finished.output_token_ids
-            if finished.finish_reason is FinishReason.ABORTED:
-                ok = outputs == solo[: len(outputs)]
+            solo = self.side.solo(accepted.prompt, accepted.params)
+            checks.outputs_match_solo(self.config, accepted.prompt, finished, solo)
+
+    # --- a differential step ---------------------------------------------------------------
+
+    def do_step(self) -> StepPlan | None:
+        """One step on both sides: the plan, or None if an injected fault rolled it back."""
+        before = self.lock.state
+        real_before = (self.lock.last_observed or self.lock.peer.observe()).state
+        snapshot = self.side.fault_snapshot() if self.side.faults_armed() else {}
+        try:
+            with self.compared(f"step {before.num_steps}: the real side"):
+                advance = self.lock.advance()
+        except InjectedFault:
+            self.check_rollback(before, snapshot)
+            return None
+        except ExampleEnded as ended:
+            if ended.divergence.field.startswith(("state", "blocks")):
+                # The plans agreed (they are compared first): count what they decided.
+                mid, draft = spec.schedule(before)
+                self.note_all(profile_events(before, mid, draft))
+            raise
+        # The plans are equal but for the fields a peer hides: check the spec's.
+        checks.check_step(before, real_before, advance.plan, self.lock.state)
+        self.side.after_step(advance)
+        self.record_step(advance)
+        return advance.plan
+
+    def check_rollback(self, before: SchedulerState, snapshot: dict[str, object]) -> None:
+        """A failed step left the real side as it was ``before`` it (and the spec, which
+        never took it, agrees); what it would have decided names the fault's events."""
+        with self.compared("observe", "fault_rolls_back", "after a failed step: "):
+            self.lock.compare_states()
+        for name, value in self.side.fault_snapshot().items():
+            require(
+                value == snapshot[name],
+                name,
+                lambda: f"after a failed step {before.num_steps}: changed",
+            )
+        self.record.stats.rejected_steps += 1
+        _, draft = spec.schedule(before)
+        if draft.preempted:
+            self.note("fault: in a step that preempted")
+        if any(p.mode is PreemptionMode.SWAP for p in draft.preempted):
+            self.note("fault: in a step that swapped out")
+        if draft.swapped_in:
+            self.note("fault: in a step that swapped in")
+
+    def record_step(self, advance: Advance) -> None:
+        before, mid, plan, after = advance.before, advance.mid, advance.plan, self.lock.state
+        self.record.stats.steps += 1
+        self.preemptions += len(plan.preempted)
+        self.note_all(step_events(self.config, before, plan, after))
+        by_id = {r.request_id: r for r in mid.running}
+        for finished in plan.finished:
+            self.record_outcome(by_id[finished.request_id].request.arrival, finished)
+        self.note_all(profile_events(before, mid, plan))
+        self.note_all(
+            prefix_events(
+                before,
+                mid,
+                plan,
+                after,
+                victim_blocks=self.victim_blocks,
+                prompts_sent_before=self.finished_prompts,
+            )
+        )
+        self.peak_gpu_used = max(
+            self.peak_gpu_used, self.config.num_gpu_blocks - after.num_free_gpu_blocks
+        )
+        self.peak_swapped = max(self.peak_swapped, len(after.swapped))
+
+    # --- helpers ---------------------------------------------------------------------------
+
+    @contextmanager
+    def compared(
+        self, what: str, invariant: str | None = None, context: str = ""
+    ) -> Iterator[None]:
+        """Lockstep operations: a divergence fails the invariant its field names (or
+        ``invariant``), with ``context`` before it, unless it is a known peer bug (the
+        example ends); anything else raised (but an injected fault) fails ``no_crash`` as
+        ``{what} raised ...``."""
+        try:
+            yield
+        except Diverged as e:
+            d = e.divergence
+            bug = self.subject.known_bug(d)
+            if bug is not None:
+                self.stopped = bug
+                self.note(f"known peer bug: {bug.id}")
+                raise ExampleEnded(d) from None
+            name = invariant or divergence_invariant(d.field)
+            raise InvariantViolation(name, f"{context}{describe(d)}") from None
+        except (InvariantViolation, InjectedFault, ExampleEnded):
+            raise
+        except Exception as error:
+            raise InvariantViolation("no_crash", f"{what} raised {error!r}") from error
+
+    def note(self, label: str) -> None:
+        self.record.coverage[label] += 1
+        if currently_in_test_context():  # a regression test replays a program without it
+            event(label)
+
+    def note_all(self, labels: Iterable[str]) -> None:
+        for label in labels:
+            self.note(label)
+
+    def target(self, value: float, label: str) -> None:
+        if currently_in_test_context():
+            target(value, label=label)
+
+    def fresh_id(self, prefix: str = "r") -> str:
+        self.next_id += 1
+        return f"{prefix}{self.next_id}"
+
+    def scheduler(self) -> Scheduler:
+        assert self.side.scheduler is not None  # the invariants' precondition
+        return self.side.scheduler
+
+    def preempted_waiting(self) -> tuple[RequestState, ...]:
+        return tuple(r for r in self.lock.state.waiting if r.num_preemptions)
+
+    def prefilling(self) -> tuple[RequestState, ...]:
+        return tuple(r for r in self.lock.state.running if r.num_tokens - r.num_computed_tokens > 1)
+
+    def resolve(
+        self, req: NewRequest, *, oversize: bool = False
+    ) -> tuple[tuple[int, ...], SamplingParams]:
+        """Tokens (from ``salt``) and parameters of a drawn request, clamped to fit (R4)
+        unless ``oversize``, or ``req.oversize`` where every add may draw one."""
+        prompt_len, max_tokens = self.fit(req, oversize=oversize)
+        rng = random.Random(req.salt)
+        prompt = tuple(rng.randrange(self.vocab) for _ in range(prompt_len))
+        return prompt, self.params(prompt, req, max_tokens)
+
+    def fit(self, req: NewRequest, *, oversize: bool = False) -> tuple[int, int]:
+        """``(prompt_len, max_tokens)`` of a drawn request (see ``resolve``)."""
+        oversize = oversize or (req.oversize and self.caps.oversize_in_every_add)
+        return fit_sizes(self.config, replace(req, oversize=oversize))
+
+    def params(self, prompt: tuple[int, ...], req: NewRequest, max_tokens: int) -> SamplingParams:
+        """``req``'s parameters for ``prompt``: its EOS is one of the request's own solo
+        outputs (so it is really hit), or the engine's (``Capabilities.engine_eos``)."""
+        config = self.config
+        keeps_priority = self.caps.priorities or config.policy == "priority"
+        params = SamplingParams(
+            max_tokens=max_tokens,
+            priority=req.priority if keeps_priority else 0,
+            temperature=req.temperature,
+            seed=req.salt,
+        )
+        if self.caps.engine_eos:
+            # One EOS for the engine: a request without one ignores it.
+            ignore = req.ignore_eos or req.eos is None
+            return replace(params, eos_token_id=self.side.eos, ignore_eos=ignore)
+        if req.eos is None:
+            return params
+        if too_large(config, len(prompt), max_tokens):
+            eos = req.eos % self.vocab
+        else:
+            outputs = self.side.solo(prompt, params)
+            eos = outputs[req.eos % len(outputs)]
+        return replace(params, eos_token_id=eos, ignore_eos=req.ignore_eos)
+
+    def add_all(self, reqs: Sequence[NewRequest], *, oversize: bool = False) -> list[str]:
+        """Submit each request; the ids accepted."""
+        accepted = []
+        for req in reqs:
+            request_id = self.fresh_id()
+            prompt, params = self.resolve(req, oversize=oversize)
+            if self.submit(request_id, prompt, params):
+                accepted.append(request_id)
+        return accepted
+
+    def send(
+        self, prompts: Iterable[tuple[int, ...]], like: NewRequest | SamplingParams
+    ) -> list[str]:
+        """Submit each prompt as it is (it shares a prefix on purpose), with the
+        parameters of ``like`` (a drawn request, or the parameters of an earlier one),
+        both cut to what R4 accepts: the prompt only past its cap, so that it keeps its
+        shared blocks, the outputs first. The ids accepted (remembered, to send again)."""
+        prompt_cap, total_cap = r4_caps(self.config)
+        accepted = []
+        for whole in prompts:
+            prompt = whole[: min(c for c in (prompt_cap, total_cap, len(whole)) if c is not None)]
+            wanted = like.max_tokens
+            max_tokens = wanted if total_cap is None else min(wanted, total_cap - len(prompt) + 1)
+            if isinstance(like, NewRequest):
+                params = self.params(prompt, like, max(1, max_tokens))
             else:
-                ok = outputs == solo
-            if not ok:
-                fail(
-                    "outputs_match_solo",
-                    f"{accepted.request_id!r} ({finished.finish_reason}, "
-                    f"{finished.num_preemptions} preemptions) produced {outputs}, alone {solo}",
-                )
+                params = replace(like, max_tokens=max(1, max_tokens))
+            request_id = self.fresh_id()
+            if self.submit(request_id, prompt, params, shared=True):
+                accepted.append(request_id)
+                self.sent.append(Accepted(request_id, prompt, params))
+        return accepted
+
+    def submit(
+        self,
+        request_id: str,
+        prompt: Sequence[int],
+        params: SamplingParams,
+        expected: type[InvalidRequestError] | None = None,
+        *,
+        shared: bool = False,
+    ) -> bool:
+        """Add on both sides; both must accept, or both raise the same typed error
+        (``expected``, where the harness knows R4's answer). ``shared``: the prompt shares
+        a prefix on purpose (kept whole under ``first_token_of_its_own``)."""
+        if self.caps.first_token_of_its_own and not shared and prompt:
+            prompt = (FIRST_TOKEN + self.num_added, *prompt[1:])
+        self.num_added += 1
+        before = self.lock.state
+        with self.compared("add_request", context=f"P={len(prompt)}, {params}: "):
+            refused = self.lock.add(request_id, prompt, params)
+        if expected is not None:
+            require(
+                type(refused) is expected,
+                "rejection_order",
+                lambda: f"expected {expected.__name__} (R4's order), got {refused!r}",
+            )
+        if refused is not None:
+            require(
+                self.lock.state is before,
+                "rejection_changes_nothing",
+                "the spec's state changed",
+            )
+            with self.compared("observe", "rejection_changes_nothing"):
+                self.lock.compare_states()
+            self.note(f"reject: {type(refused).__name__}")
+            return False
+        self.accepted[before.next_arrival] = Accepted(request_id, tuple(prompt), params)
+        if params.eos_token_id is not None:
+            self.note("add: with EOS (ignored)" if params.ignore_eos else "add: with EOS")
+        return True
+
+    def abort_id(self, request_id: str) -> None:
+        """Abort on both sides; an unknown id must be refused by both."""
+        where = find_live(self.lock.state, request_id)
+        finished: FinishedRequest | None = None
+        # UnknownRequestError: refused by both sides (lockstep compared).
+        with self.compared("abort_request"), contextlib.suppress(UnknownRequestError):
+            finished = self.lock.abort(request_id)
+        if where is None:
+            self.note("abort: id of a finished request")
+            return
+        assert finished is not None  # the spec knew it, so both sides aborted it
+        queue, request = where
+        self.note(abort_label(queue, request))
+        self.record_outcome(request.request.arrival, finished)
+
+    def record_outcome(self, arrival: int, finished: FinishedRequest) -> None:
+        require(
+            arrival in self.accepted and arrival not in self.outcomes,
+            "reported_once",
+            lambda: (
+                f"{finished.request_id!r} (arrival {arrival}) finished twice or was never accepted"
+            ),
+        )
+        self.outcomes[arrival] = finished
+        self.finished_prompts.add(self.accepted[arrival].prompt)
+
+
+def machine_for(subject: Subject) -> type[LockstepMachine]:
+    """The machine with ``subject`` under test, named ``subject.machine`` (a failing
+    program starts ``state = <that name>()``)."""
+    machine = type(subject.machine, (LockstepMachine,), {"subject": subject})
+    return settings(deadline=None, suppress_health_check=SUPPRESSED)(machine)
+
+
+#: The names of the invariants (they show up in a printed failing program).
+INVARIANT_NAMES: Final = frozenset(
+    invariant.function.__name__ for invariant in LockstepMachine.setup_state().invariants
+)

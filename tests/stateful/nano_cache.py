@@ -2,8 +2,7 @@
 
 Computed from the spec's states around one step (``before`` it, ``mid`` after its
 decisions, its ``plan``, ``after`` it), so they say what the ``nano-vllm`` profile's
-cache rules did; shared by the peer machines (tests/peers/machine.py), the stateful
-prefix machines (tests/stateful/prefix.py) and scripts/explore_peers.py.
+cache rules did (``events.prefix_events`` yields them with its own).
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import random
 from dataclasses import dataclass
 from typing import Final
 
@@ -253,3 +254,39 @@ BAD_REQUESTS: Final = st.builds(
 #: Faults a rule can arm: the next forward raises before running, or after writing K/V
 #: into the cache; the next swap-out / swap-in copy raises.
 FAULT_KINDS: Final = ("forward", "forward after KV write", "swap-out copy", "swap-in copy")
+
+
+#: The example's system prompt's length (tests/stateful/machine.py, the shared-prefix rules).
+SYSTEM_PROMPT_LEN: Final = 64
+
+
+def system_prompt(config: SchedulerConfig, vocab: int) -> tuple[int, ...]:
+    """The example's one system prompt, from its config (so a shrunk example keeps it)."""
+    rng = random.Random(config.num_gpu_blocks * 131 + config.max_num_batched_tokens)
+    return tuple(rng.randrange(vocab) for _ in range(SYSTEM_PROMPT_LEN))
+
+
+def shared_prompts(
+    system_prompt: tuple[int, ...],
+    length: int,
+    block_size: int,
+    *,
+    prefix_len: int,
+    exact_blocks: bool,
+    copies: int,
+    salt: int,
+    vocab: int,
+) -> list[tuple[int, ...]]:
+    """``copies`` prompts of ``length`` tokens: ``system_prompt``'s first ``prefix_len``
+    tokens, then each copy's own suffix (from ``salt``); or, ``exact_blocks``, only the
+    system prompt cut at a whole number of blocks (the same prompt every copy)."""
+    prompts = []
+    for copy in range(copies):
+        if exact_blocks and length >= block_size:
+            prompt = system_prompt[: length // block_size * block_size]
+        else:
+            shared = min(prefix_len, length)
+            own = random.Random(salt + copy).choices(range(vocab), k=length - shared)
+            prompt = (*system_prompt[:shared], *own)
+        prompts.append(tuple(prompt))
+    return prompts

@@ -1,0 +1,190 @@
+"""The coverage events of a step, computed from the spec's states (both sides were just
+found to agree on them), so they say what the rules of docs/semantics.md did, not what the
+system under test reports: ``before`` the step, ``mid`` (after its decisions,
+``spec.schedule``), its ``plan`` and the state ``after`` it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import spec
+from spec.kv import cdiv, chunk_for_prefill
+from spec.prefix_cache import longest_hit, num_evictable, request_tokens
+from spec.scheduler import StepDraft, schedule_running
+from spec.types import (
+    FinishReason,
+    PreemptionMode,
+    RequestState,
+    SchedulerConfig,
+    SchedulerState,
+    Semantics,
+    StepPlan,
+)
+from tests.stateful.nano_cache import nano_cache_events
+
+
+def abort_label(queue: str, request: RequestState) -> str:
+    if queue == "running":
+        if request.num_tokens - request.num_computed_tokens > 1:
+            return "abort: running mid-prefill"
+        return "abort: running (decoding)"
+    if queue == "waiting" and request.num_preemptions > 0:
+        return "abort: waiting after a preemption"
+    return f"abort: {queue}"
+
+
+def victim_chunk_undone(before: SchedulerState) -> bool:
+    """Whether phase A of this step undid a victim's chunk (the spec's draft says)."""
+    budget = before.config.max_num_batched_tokens
+    return bool(schedule_running(StepDraft(state=before, budget=budget)).undone)
+
+
+def full_sequence_gate_refused(mid: SchedulerState, plan: StepPlan) -> int | None:
+    """Whether phase C stopped at a request whose chunk fit but whose whole sequence did
+    not (vllm-v1/full-sequence-admission), with budget and a seat left: the blocks the
+    request hit (PC3; 0 with caching off), or None if the gate held nobody back."""
+    config = mid.config
+    budget = config.max_num_batched_tokens - sum(plan.num_scheduled_tokens)
+    if plan.preempted or not mid.waiting or budget == 0:
+        return None
+    if len(mid.running) >= config.max_num_seqs:
+        return None
+    head = spec.get_policy(config.policy).order_waiting(mid.waiting)[0]
+    bs = config.block_size
+    hit: tuple[int, ...] = ()
+    evictable = 0
+    if mid.prefix_cache is not None:  # -hits: the hit is credited, its free blocks charged
+        hit = longest_hit(mid.prefix_cache, request_tokens(head), bs)
+        evictable = num_evictable(mid.prefix_cache, hit)
+    start = len(hit) * bs
+    n = chunk_for_prefill(head.num_tokens - start, budget, config.enable_chunked_prefill)
+    free = mid.num_free_gpu_blocks + len(hit) - evictable
+    if n <= budget and cdiv(start + n, bs) <= free < cdiv(head.num_tokens, bs):
+        return len(hit)
+    return None
+
+
+def step_events(
+    config: SchedulerConfig, before: SchedulerState, plan: StepPlan, after: SchedulerState
+) -> Iterator[str]:
+    """The coverage events of one step (``before`` it, its ``plan``, the state ``after``)."""
+    index = {r.request_id: r for r in (*before.waiting, *before.running, *before.swapped)}
+    for preemption in plan.preempted:
+        yield f"preempt: {preemption.mode}"
+        if (
+            config.preemption_mode is PreemptionMode.SWAP
+            and preemption.mode is PreemptionMode.RECOMPUTE
+        ):
+            yield "preempt: swap fell back to recompute (CPU pool full)"
+    if len(plan.preempted) > 1:
+        yield "preempt: several victims in one step"
+    if plan.preempted and before.waiting:
+        yield "admission held back by a preemption"
+    if plan.swapped_in:
+        yield "swap-in"
+    for chunk in plan.scheduled:
+        request = index[chunk.request_id]
+        if chunk.start + chunk.num_tokens < request.num_tokens:
+            yield "chunked prefill: partial chunk"
+        elif chunk.start > 0 and chunk.num_tokens > 1:
+            yield "chunked prefill: last chunk of a resumed prefill"
+        if chunk.start == 0 and request.output_token_ids and chunk.num_tokens > 1:
+            yield "re-prefill of prompt + kept outputs"
+    for sampled in plan.sampled:
+        params = index[sampled.request_id].request.params
+        if params.ignore_eos and sampled.token_id == params.eos_token_id:
+            yield "finish: EOS sampled but ignored"
+    for finished in plan.finished:
+        yield f"finish: {finished.finish_reason}"
+    if len(after.running) == config.max_num_seqs and after.waiting:
+        yield "max_num_seqs reached with requests waiting"
+
+
+def profile_events(before: SchedulerState, mid: SchedulerState, plan: StepPlan) -> Iterator[str]:
+    """Events for the profile rules that made a difference in a step: ``before`` it,
+    ``mid`` (after the decisions), its ``plan`` (its decisions suffice)."""
+    config = before.config
+    if config.semantics is Semantics.KVSCHED:
+        return
+    admitted = [r.request_id for r in before.waiting if r.request_id in plan.scheduled_ids]
+    if config.semantics is Semantics.VLLM_V1:
+        for finished in plan.finished:
+            outputs = len(finished.output_token_ids)
+            request = next(r for r in mid.running if r.request_id == finished.request_id)
+            if (
+                finished.finish_reason is FinishReason.LENGTH
+                and outputs < request.request.params.max_tokens
+            ):
+                yield "vllm-v1/max-model-len: length at max_model_len"
+        if plan.preempted and victim_chunk_undone(before):
+            yield "vllm-v1/priority-victim-any-running: a scheduled victim's chunk undone"
+        held_back = full_sequence_gate_refused(mid, plan)
+        if held_back is not None:
+            yield "vllm-v1/full-sequence-admission: the gate held a request back"
+            if held_back:
+                yield "vllm-v1/full-sequence-admission: the gate held back a request with a hit"
+    else:
+        if admitted and before.running:
+            yield "nano-vllm/prefill-first: a prefill-only step with requests running"
+        if not admitted and sum(plan.num_scheduled_tokens) > config.max_num_batched_tokens:
+            yield "nano-vllm/decode-unbudgeted: a decode step over the token budget"
+        if plan.preempted and plan.preempted[0].request_id != before.running[-1].request_id:
+            yield "nano-vllm/victim-next: a victim lifo would not have chosen"
+        if len(mid.running) > config.max_num_seqs:
+            yield "nano-vllm/seq-limit-per-step: more than max_num_seqs running"
+
+
+def prefix_events(
+    before: SchedulerState,
+    mid: SchedulerState,
+    plan: StepPlan,
+    after: SchedulerState,
+    *,
+    victim_blocks: dict[int, frozenset[int]],
+    prompts_sent_before: set[tuple[int, ...]],
+) -> Iterator[str]:
+    """The prefix-cache events of one step, from the spec's states: ``before`` it, ``mid``
+    (after its decisions), its ``plan`` and ``after`` it. ``victim_blocks`` (arrival ->
+    the blocks it gave up when last preempted) is read and updated with this step's
+    victims; ``prompts_sent_before`` are the prompts of requests already finished.
+    nano-vllm's cache rules' events come with them (tests/stateful/nano_cache.py).
+    scripts/explore_peers.py counts them too."""
+    cache_before, cache_mid = before.prefix_cache, mid.prefix_cache
+    if cache_before is None or cache_mid is None:
+        return
+    bs = before.config.block_size
+    waiting = {r.request_id: r for r in before.waiting}
+    running_mid = {r.request_id: r for r in mid.running}
+    keyed_before = {block for _, block in cache_before.cached}
+    free_before = set(cache_before.free_queue)
+    for chunk in plan.scheduled:
+        request = waiting.get(chunk.request_id)
+        if request is None or chunk.start == 0:
+            continue
+        hit = running_mid[chunk.request_id].block_ids[: chunk.start // bs]
+        yield "prefix: hit"
+        if chunk.start < (request.num_tokens - 1) // bs * bs:
+            yield "prefix: partial hit (fewer blocks than it could hit)"
+        else:
+            yield "prefix: full-prompt hit (every block it may hit)"
+            if request.num_tokens % bs == 0 and not request.output_token_ids:
+                yield "prefix: full-prompt hit on exactly k blocks (last block recomputed)"
+        if not set(hit) <= keyed_before:
+            yield "prefix: hit on blocks keyed in the same step"
+        if set(hit) & free_before:
+            yield "prefix: hit on a free cached block"
+        if set(hit) & victim_blocks.get(request.request.arrival, frozenset()):
+            yield "prefix: resumed request hit its own freed blocks"
+        if request.request.prompt_token_ids in prompts_sent_before:
+            yield "prefix: resent prompt hit"
+    if set(cache_before.cached) - set(cache_mid.cached):
+        yield "prefix: cached block reclaimed"
+    yield from nano_cache_events(before, mid, plan, after)
+    held = [block for r in after.running for block in r.block_ids]
+    if len(set(held)) < len(held):
+        yield "prefix: block shared by running requests"
+    for preemption in plan.preempted:
+        if preemption.mode is not PreemptionMode.SWAP:
+            victim = next(r for r in before.running if r.request_id == preemption.request_id)
+            victim_blocks[victim.request.arrival] = frozenset(victim.block_ids)

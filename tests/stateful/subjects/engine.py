@@ -1,0 +1,317 @@
+"""The spec against the whole ``impl.LLMEngine`` with the tiny Llama in float64.
+
+One model object is shared by every example (built once per process); each example
+builds a fresh engine around it. The engine's sampled tokens are fed to the spec's
+phase D, so the spec checks every scheduling decision and the full plan; the token
+*values* are checked against solo runs: every sampled token online (the token at
+output index ``k`` must be the solo run's ``k``-th), and every final output in the
+teardown (aborted ones must be a prefix). Solo = the request alone in a fresh engine
+with ample blocks, memoised by ``(prompt, params)``. In float64 the model is
+batch-invariant to the bit, so any difference is a scheduling or KV bug (lost tokens
+after preemption, a wrong swap copy, a block reused while live, a rollback that did
+not restore the K/V it should). With prefix caching a hit attends over K/V another
+request wrote, so a stale key changes a token.
+
+Faults: the next forward raises (before, or after it wrote K/V into the cache), or the
+next swap-out / swap-in copy raises. The engine must roll the step back: ``observe()``,
+the metrics and the live (and cached) K/V unchanged, the spec not advanced; the next
+step retries.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, replace
+from typing import Any, Final
+
+import torch
+
+from impl import LLMEngine
+from impl.block_manager import cdiv
+from impl.scheduler_output import SchedulerOutput
+from kvsched.peers.lockstep import Advance, Lockstep
+from kvsched.peers.ours import EngineAdapter
+from model import LlamaForCausalLM, build_tiny_model
+from spec.oracle import HashOracle
+from spec.types import PreemptionMode, SamplingParams, SchedulerConfig, Semantics
+from tests.stateful.coverage import PREFIX_REQUIRED_EVENTS, REQUIRED_EVENTS
+from tests.stateful.failures import InjectedFault, fail, require
+from tests.stateful.sizes import Size, Sizes
+from tests.stateful.strategies import engine_configs
+from tests.stateful.subject import Note, Side, Subject
+from tests.stateful.subjects import OURS
+
+VOCAB = 256  # the tiny model's vocabulary (checked in EngineSide)
+
+_MODEL: list[LlamaForCausalLM] = []
+#: (prompt, temperature, seed) -> the longest free run (no EOS) computed so far.
+_SOLO: dict[tuple[tuple[int, ...], float, int | None], tuple[int, ...]] = {}
+
+
+def tiny_model() -> LlamaForCausalLM:
+    """The tiny Llama in float64, built once per process and shared by every engine."""
+    if not _MODEL:
+        _MODEL.append(build_tiny_model(seed=0, dtype=torch.float64, device="cpu"))
+    return _MODEL[0]
+
+
+def solo_outputs(prompt: tuple[int, ...], params: SamplingParams) -> tuple[int, ...]:
+    """The request alone in a fresh engine with ample blocks and budget.
+
+    A token depends on the prefix, the temperature, the seed and its output index only
+    (the sampler's inputs), not on ``max_tokens`` or EOS, which only end the run: so one
+    free run (EOS ignored) per prompt, temperature and seed, as long as the longest
+    asked for, serves every request with them, cut at its ``max_tokens`` and after its
+    EOS. (Memoising by the whole parameters ran about twice as many solo runs: a
+    request's EOS is picked among the outputs of its run without one.)
+    """
+    key = (prompt, params.temperature, params.seed)
+    free = _SOLO.get(key, ())
+    if len(free) < params.max_tokens:
+        need = len(prompt) + params.max_tokens
+        config = SchedulerConfig(
+            num_gpu_blocks=cdiv(need, 16) + 1,
+            block_size=16,
+            max_num_batched_tokens=max(need, 256),
+        )
+        engine = LLMEngine(config, model=tiny_model())
+        run = SamplingParams(
+            max_tokens=params.max_tokens,
+            ignore_eos=True,
+            temperature=params.temperature,
+            seed=params.seed,
+        )
+        (result,) = engine.generate([("solo", list(prompt), run)])
+        assert result.num_preemptions == 0
+        free = _SOLO[key] = result.output_token_ids
+    outputs = free[: params.max_tokens]
+    eos = None if params.ignore_eos else params.eos_token_id
+    if eos in outputs:
+        outputs = outputs[: outputs.index(eos) + 1]
+    return outputs
+
+
+@contextmanager
+def single_thread() -> Iterator[None]:
+    """One intra-op thread: the forwards are tiny, and extra threads only spin (and the
+    model is batch-invariant at any thread count, model/plan.py)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def overwrote_victim_blocks(out: SchedulerOutput, block_size: int) -> bool:
+    """Whether a chunk of this step writes into a GPU block that a victim of this step
+    gave up (the blocks a failed step's rollback must restore)."""
+    given_up = {block for record in out.preempted for block in record.gpu_blocks}
+    return any(
+        block in given_up
+        for seq in out.scheduled
+        for block in seq.block_table[cdiv(seq.num_computed, block_size) :]
+    )
+
+
+def metrics_without_time(engine: LLMEngine) -> dict[str, Any]:
+    values = asdict(engine.metrics)
+    del values["step_time_s"]
+    return values
+
+
+class EngineSide(Side):
+    def __init__(self, config: SchedulerConfig, note: Note) -> None:
+        """The model samples (the oracle goes unused); its tokens are the spec's."""
+        engine = LLMEngine(config, model=tiny_model())
+        assert engine.model.config.vocab_size == VOCAB
+        self.engine = engine
+        self.config = config
+        self.note = note
+        # Armed faults: kind -> only in a step that preempts; each fires once.
+        self.armed: dict[str, bool] = {}
+        self.preemptions_by_mode: Counter[PreemptionMode] = Counter()
+        self.num_sampled = 0
+        self.hit_tokens = 0
+        runner, cache = engine.model_runner, engine.cache_engine
+        execute, swap_out, swap_in = runner.execute, cache.swap_out, cache.swap_in
+
+        def armed(kind: str, preempting: bool) -> bool:
+            return kind in self.armed and (preempting or not self.armed[kind])
+
+        def faulty_execute(out: SchedulerOutput) -> list[int]:
+            if armed("forward", bool(out.preempted)):
+                self.fire("forward")
+            tokens = execute(out)
+            if armed("forward after KV write", bool(out.preempted)):
+                if overwrote_victim_blocks(out, config.block_size):
+                    note("fault: after the forward wrote into blocks a victim gave up")
+                self.fire("forward after KV write")
+            return tokens
+
+        def faulty_swap_out(mapping: Sequence[tuple[int, int]]) -> None:
+            if mapping and armed("swap-out copy", True):  # a swap-out always preempts
+                self.fire("swap-out copy")
+            swap_out(mapping)
+
+        def faulty_swap_in(mapping: Sequence[tuple[int, int]]) -> None:
+            swap_in(mapping)  # the copy lands in fresh blocks, then fails
+            if mapping and armed("swap-in copy", True):  # never in a preempting step (R7)
+                self.fire("swap-in copy")
+
+        runner.execute = faulty_execute  # type: ignore[method-assign]
+        cache.swap_out = faulty_swap_out  # type: ignore[method-assign]
+        cache.swap_in = faulty_swap_in  # type: ignore[method-assign]
+        oracle = HashOracle(vocab_size=VOCAB)
+        lock = Lockstep(EngineAdapter(engine), config, oracle, vocab_size=VOCAB)
+        super().__init__(lock, scheduler=engine.scheduler)
+
+    def fire(self, kind: str) -> None:
+        del self.armed[kind]
+        self.note(f"fault: {kind}")
+        raise InjectedFault(kind)
+
+    def arm_fault(self, kind: str, when_preempting: bool) -> None:
+        self.armed[kind] = when_preempting
+
+    def solo(self, prompt: tuple[int, ...], params: SamplingParams) -> tuple[int, ...]:
+        return solo_outputs(prompt, params)
+
+    def faults_armed(self) -> bool:
+        return bool(self.armed)
+
+    def fault_snapshot(self) -> dict[str, object]:
+        snapshot: dict[str, object] = {
+            "fault_keeps_metrics": metrics_without_time(self.engine),
+            "fault_restores_kv": self.live_kv(),
+        }
+        if self.config.enable_prefix_caching:
+            # A rollback gives reclaimed blocks their keys back, so the failed forward
+            # must not have changed what they hold.
+            snapshot["fault_restores_cached_kv"] = self.cached_kv()
+        return snapshot
+
+    def kv_of(self, on_gpu: bool, slots: list[int]) -> bytes:
+        """The K/V of ``slots`` of one pool, as bytes."""
+        cache = self.engine.cache_engine
+        pool = cache.gpu_cache if on_gpu else cache.cpu_cache
+        if pool is None or not slots:
+            return b""
+        index = torch.tensor(slots, dtype=torch.long)
+        return b"".join(
+            tensor.view(pool.num_layers, pool.num_slots, -1)
+            .index_select(1, index)
+            .numpy()
+            .tobytes()
+            for tensor in (pool.key, pool.value)
+        )
+
+    def live_kv(self) -> bytes:
+        """The K/V of every live request's computed positions (GPU for running, CPU for
+        swapped): a rolled-back step must leave them bit for bit as they were, whatever
+        the failed forward wrote into blocks its victims gave up."""
+        scheduler = self.engine.scheduler
+        bs = self.config.block_size
+
+        def slots(tables: Iterable[tuple[Sequence[int], int]]) -> list[int]:
+            return [table[p // bs] * bs + p % bs for table, n in tables for p in range(n)]
+
+        running = [(s.block_table, s.num_computed) for s in scheduler.running]
+        swapped = [(s.cpu_block_table, s.num_computed) for s in scheduler.swapped]
+        return self.kv_of(True, slots(running)) + self.kv_of(False, slots(swapped))
+
+    def cached_kv(self) -> bytes:
+        """The K/V of every block the prefix cache holds a key for."""
+        state = self.engine.observe()
+        assert state.prefix_cache is not None
+        bs = self.config.block_size
+        blocks = sorted(block for _, block in state.prefix_cache.cached)
+        return self.kv_of(True, [block * bs + i for block in blocks for i in range(bs)])
+
+    def after_step(self, advance: Advance) -> None:
+        mid, plan = advance.mid, advance.plan
+        by_id = {request.request_id: request for request in mid.running}
+        for sampled in plan.sampled:
+            request = by_id[sampled.request_id]
+            solo = self.solo(request.request.prompt_token_ids, request.request.params)
+            k = len(request.output_token_ids)
+            if not (k < len(solo) and solo[k] == sampled.token_id):
+                fail(
+                    "sampled_tokens_match_solo",
+                    f"step {plan.step}: {sampled.request_id!r} sampled {sampled.token_id} as "
+                    f"output {k} ({request.num_preemptions} preemptions); alone: {solo}",
+                )
+        self.preemptions_by_mode.update(p.mode for p in plan.preempted)
+        self.num_sampled += len(plan.sampled)
+        waiting = {r.request_id for r in advance.before.waiting}
+        self.hit_tokens += sum(
+            start
+            for rid, start in zip(plan.scheduled_ids, plan.num_computed_tokens, strict=True)
+            if rid in waiting
+        )
+        metrics = self.engine.metrics
+        require(
+            metrics.steps == plan.step + 1
+            and all(metrics.preemptions[m] == self.preemptions_by_mode[m] for m in PreemptionMode)
+            and metrics.generated_tokens == self.num_sampled
+            and metrics.prefix_cache_hits == self.hit_tokens,
+            "metrics_match_plans",
+            lambda: (
+                f"metrics {metrics} after step {plan.step}, plans preempted "
+                f"{dict(self.preemptions_by_mode)}, sampled {self.num_sampled} and hit "
+                f"{self.hit_tokens} tokens"
+            ),
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Engine(Subject):
+    def start(self, config: SchedulerConfig, note: Note) -> Side:
+        return EngineSide(config, note)
+
+
+#: Only the engine has K/V to restore: a fault after a forward that wrote into blocks its
+#: step's victims gave up (the case ``fault_restores_kv`` exists for).
+OVERWRITE_EVENT: Final = "fault: after the forward wrote into blocks a victim gave up"
+
+ENGINE = Engine(
+    name="engine",
+    machine="EngineDifferential",
+    caps=OURS,
+    configs=engine_configs(),
+    sizes=Sizes(
+        ci=Size(400, 50),
+        dev=Size(15, 25),
+        nightly=Size(6_000, 60, targeting=True),
+        mutation=Size(200, 30),
+    ),
+    required=REQUIRED_EVENTS | {OVERWRITE_EVENT},
+    vocab=VOCAB,
+)
+
+#: Prefix caching on, under kvsched and nano-vllm, half the examples each: no vllm-v1,
+#: whose caching decisions are the scheduler subject's to check (the same impl.Scheduler
+#: code decides here; with a third of the examples nano-vllm's decode-unbudgeted went
+#: unreached).
+PREFIX_ENGINE_SEMANTICS: Final = (Semantics.KVSCHED, Semantics.NANO_VLLM)
+
+PREFIX_ENGINE = Engine(
+    name="prefix-engine",
+    machine="PrefixEngineDifferential",
+    caps=replace(OURS, swap=False, caching=True),
+    configs=engine_configs(PREFIX_ENGINE_SEMANTICS, prefix_caching=True),
+    sizes=Sizes(
+        ci=Size(150, 40),
+        dev=Size(15, 25),
+        nightly=Size(2_000, 60, targeting=True),
+        mutation=Size(100, 30),
+    ),
+    required=frozenset(
+        e
+        for e in PREFIX_REQUIRED_EVENTS | {OVERWRITE_EVENT}
+        if not e.startswith(("vllm-v1/", "config: semantics=vllm-v1"))
+    ),
+    vocab=VOCAB,
+)

@@ -1,0 +1,102 @@
+"""The spec against ``impl.Scheduler`` alone, driven by a toy model (no torch).
+
+The real side is the engine's scheduler (queues, block manager, block tables, swap
+mappings, rollback) driven by ``ToyModel`` (tests/stateful/toy.py), a pure stand-in for
+the model and its KV pools that reads and writes through the real block tables. The
+spec samples with the same pure oracle on its own view of each prefix, so the two sides
+are independent all the way to the sampled token values: a lost output, a wrong swap
+copy or a block freed too early changes a token and fails ``plan_matches_spec`` (or
+``kv_contents`` at the read). With prefix caching a hit reads another request's slots,
+which must hold the same positions of the same tokens. Much faster than the engine, so
+it runs many more steps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import spec
+from impl.scheduler_output import SchedulerOutput
+from kvsched.peers.lockstep import Lockstep
+from kvsched.peers.ours import SchedulerAdapter
+from spec.types import SchedulerConfig
+from tests.stateful.coverage import PREFIX_REQUIRED_EVENTS, REQUIRED_EVENTS
+from tests.stateful.sizes import Size, Sizes
+from tests.stateful.strategies import engine_configs
+from tests.stateful.subject import Note, Side, Subject
+from tests.stateful.subjects import OURS
+from tests.stateful.toy import ToyModel
+
+#: A small vocabulary (prompt tokens, the oracle's range), yet large enough that an EOS
+#: picked among a request's solo outputs does not usually occur in its first few.
+VOCAB = 64
+ORACLE = spec.HashOracle(vocab_size=VOCAB, salt=7)
+
+#: vllm-v1/priority-victim-any-running needs ``priority``, contention and a less
+#: important request scheduled ahead of the one that needs blocks: about once per ci run
+#: of this subject (2 000 examples), too rare for the engine's 400, which runs the same
+#: ``impl.Scheduler`` code; so only this subject requires it.
+UNDONE_VICTIM_EVENT = "vllm-v1/priority-victim-any-running: a scheduled victim's chunk undone"
+
+
+class ToySide(Side):
+    def __init__(self, config: SchedulerConfig, note: Note) -> None:
+        """The toy samples with ``ORACLE`` through the real block tables, the spec with it
+        on its own view of each request (``spec_samples``)."""
+        self.toy = ToyModel(config, ORACLE)
+        self.note = note
+        real = SchedulerAdapter(config, vocab_size=VOCAB, forward=self.forward)
+        lock = Lockstep(real, config, ORACLE, spec_samples=True, vocab_size=VOCAB)
+        super().__init__(lock, scheduler=real.scheduler)
+
+    def forward(self, out: SchedulerOutput) -> list[int]:
+        fired = len(self.toy.fired)
+        try:
+            return self.toy.forward(out)
+        finally:
+            for kind in self.toy.fired[fired:]:
+                self.note(f"fault: {kind}")
+
+    def arm_fault(self, kind: str, when_preempting: bool) -> None:
+        self.toy.armed[kind] = when_preempting
+
+    def faults_armed(self) -> bool:
+        return bool(self.toy.armed)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ToyScheduler(Subject):
+    def start(self, config: SchedulerConfig, note: Note) -> Side:
+        return ToySide(config, note)
+
+
+SCHEDULER = ToyScheduler(
+    name="scheduler",
+    machine="SchedulerDifferential",
+    caps=OURS,
+    configs=engine_configs(),
+    sizes=Sizes(
+        ci=Size(2_000, 50),
+        dev=Size(60, 40),
+        nightly=Size(20_000, 100, targeting=True),
+        mutation=Size(1_000, 40),
+    ),
+    required=REQUIRED_EVENTS | {UNDONE_VICTIM_EVENT},
+    vocab=VOCAB,
+)
+
+#: With prefix caching on, under every profile (kvsched in half the examples).
+PREFIX_SCHEDULER = ToyScheduler(
+    name="prefix-scheduler",
+    machine="PrefixSchedulerDifferential",
+    caps=replace(OURS, swap=False, caching=True),
+    configs=engine_configs(prefix_caching=True),
+    sizes=Sizes(
+        ci=Size(1_000, 50),
+        dev=Size(60, 40),
+        nightly=Size(10_000, 100, targeting=True),
+        mutation=Size(600, 40),
+    ),
+    required=PREFIX_REQUIRED_EVENTS,
+    vocab=VOCAB,
+)
