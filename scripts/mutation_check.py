@@ -50,6 +50,7 @@ COPIED = (
     "kvsched",
     "tests/__init__.py",
     "tests/conftest.py",
+    "tests/campaign",  # the campaign profile (tests/conftest.py) and the harness's progress hook
     "tests/drain.py",
     "tests/stateful",
     "tests/regressions",

@@ -4,9 +4,8 @@
 derandomized, no example database, blobs printed so a failure can be replayed.
 ``dev`` is quick for local edits; ``nightly`` explores at random with a database, for
 long runs; ``mutation`` is the quick deterministic one of scripts/mutation_check.py;
-``fuzz`` is the HypoFuzz campaign's (scripts/fuzz): its example database is the folder
-``KVSCHED_FUZZ_DB`` (default ``.hypothesis/fuzz``), which every worker of the campaign,
-on this machine or another one that mounts the folder, reads and writes.
+``campaign`` is scripts/campaign's: at random, on the example database its workers
+share (a Redis server or a directory, keyed by the code revision: tests/campaign).
 Pick one with ``HYPOTHESIS_PROFILE=<name>`` or pytest's ``--hypothesis-profile=<name>``.
 The stateful machines size themselves per profile (their subject's ``Sizes``,
 tests/stateful/sizes.py). Every profile is registered here, and only here.
@@ -23,7 +22,8 @@ import types
 from pathlib import Path
 
 from hypothesis import HealthCheck, Phase, settings
-from hypothesis.database import DirectoryBasedExampleDatabase
+
+from tests.campaign.database import campaign_profile
 
 ROOT = Path(__file__).resolve().parents[1]
 #: Set to leave the pool unpinned (tests/stateful/test_determinism.py shows that it matters).
@@ -74,13 +74,7 @@ def register(name: str, **overrides: object) -> None:
 register("ci", derandomize=True, database=None, max_examples=100)
 register("dev", max_examples=25)
 register("nightly", derandomize=False, max_examples=20_000)
-register(
-    "fuzz",
-    derandomize=False,
-    database=DirectoryBasedExampleDatabase(
-        os.environ.get("KVSCHED_FUZZ_DB") or os.path.join(".hypothesis", "fuzz")
-    ),
-)
+register("campaign", **campaign_profile())
 
 # The mutation check (scripts/mutation_check.py): deterministic, and no shrinking, since
 # only *whether* a mutant is caught (and by which invariant) matters there.

@@ -14,6 +14,7 @@ from typing import Final
 from hypothesis import seed, settings
 from hypothesis.stateful import run_state_machine_as_test
 
+from tests.campaign.progress import watched
 from tests.stateful.coverage import RunRecord, write_report
 from tests.stateful.machine import LockstepMachine
 from tests.stateful.sizes import machine_settings
@@ -43,7 +44,8 @@ def run_machine(machine: type[LockstepMachine]) -> str:
         profile = f"{profile}, seed {chosen_seed}"
     start = time.process_time()
     try:
-        run_state_machine_as_test(run, settings=machine_settings(subject.sizes))
+        with watched(machine.__name__, record):  # a campaign worker reads the record live
+            run_state_machine_as_test(run, settings=machine_settings(subject.sizes))
     finally:
         record.stats.cpu_seconds = time.process_time() - start
     missing = sorted(subject.required - set(record.coverage))

@@ -377,6 +377,20 @@ class LockstepMachine(RuleBasedStateMachine):
         first = self.sent[pick % len(self.sent)]
         return multiple(*self.send([first.prompt], first.params))
 
+    @needs("caching", also=lambda machine: bool(machine.decoding()))
+    @rule(target=REQUESTS, pick=st.integers(0, 2**16))
+    @checked_adds
+    def resend_decoding(self, pick: int) -> MultipleResults[str]:
+        """The prompt of a request now decoding, again (a second user asks the same thing
+        mid-answer): the copy hits the blocks the first holds, and its decodes fill
+        blocks with the keys the first's decodes gave theirs (nano-vllm/last-key-wins
+        moves each key). ``resend`` alone rarely meets this: a request decodes for a few
+        steps only."""
+        decoding = self.decoding()
+        first = decoding[pick % len(decoding)].request
+        self.note("add: resent while its first copy decodes")
+        return multiple(*self.send([first.prompt_token_ids], first.params))
+
     @needs("caching", also=lambda machine: bool(machine.sent))
     @rule(target=REQUESTS, pick=st.integers(0, 2**16), turns=st.integers(1, 8))
     @checked_adds
@@ -482,6 +496,20 @@ class LockstepMachine(RuleBasedStateMachine):
                 if abort_victim:
                     swapped = [p for p in plan.preempted if p.mode is PreemptionMode.SWAP]
                     self.abort_id((swapped or list(plan.preempted))[-1].request_id)
+                return
+
+    @needs()
+    @rule(limit=st.integers(1, 20))
+    @checked
+    def run_until_prefilling(self, limit: int) -> None:
+        """Step until a running request is in the middle of a chunked prefill, then abort
+        it: a chunked prefill ends in a few chunks, so ``abort_prefilling`` (enabled only
+        while one lasts) is rarely drawn in time."""
+        for _ in range(limit):
+            self.do_step()
+            partial = self.prefilling()
+            if partial:
+                self.abort_id(partial[-1].request_id)
                 return
 
     # --- rules: faults (one per kind: Hypothesis picks rules evenly, and swarm testing
@@ -746,6 +774,13 @@ class LockstepMachine(RuleBasedStateMachine):
 
     def preempted_waiting(self) -> tuple[RequestState, ...]:
         return tuple(r for r in self.lock.state.waiting if r.num_preemptions)
+
+    def decoding(self) -> tuple[RequestState, ...]:
+        return tuple(
+            r
+            for r in self.lock.state.running
+            if r.num_computed_tokens >= len(r.request.prompt_token_ids)
+        )
 
     def prefilling(self) -> tuple[RequestState, ...]:
         return tuple(r for r in self.lock.state.running if r.num_tokens - r.num_computed_tokens > 1)

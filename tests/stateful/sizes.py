@@ -25,7 +25,8 @@ class Size:
 class Sizes:
     """A machine's size per profile. The ci sizes keep the whole stateful suite around
     3-5 minutes with ``pytest -n 2``; nightly is sized in docs/stateful-testing.md
-    (>= 10^6 differential steps a night). A profile without a field here runs ``dev``."""
+    (>= 10^6 differential steps a night); ``campaign`` runs nightly's rules per example.
+    Another profile without a field here runs ``dev``."""
 
     ci: Size
     dev: Size
@@ -33,6 +34,11 @@ class Sizes:
     mutation: Size
 
     def of(self, profile: str) -> Size:
+        if profile == "campaign":
+            # scripts/campaign: nightly's rules per example; its worker sets each run's
+            # examples (KVSCHED_STATEFUL_EXAMPLES) to fill a time slice. No target
+            # phase: a run is tens to hundreds of examples (about 15 s).
+            return dataclasses.replace(self.nightly, targeting=False)
         named = {field.name for field in dataclasses.fields(self)}
         size: Size = getattr(self, profile if profile in named else "dev")
         return size

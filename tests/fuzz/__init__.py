@@ -1,1 +1,0 @@
-"""The stateful machines as targets of a fuzzing campaign (docs/stateful-testing.md)."""
