@@ -158,9 +158,10 @@ class EngineMetrics:
     * ``kv_utilization``: mean over steps of ``t / (num_gpu_blocks * block_size)``,
       where ``t`` is the number of tokens whose K/V is in the GPU cache when the
       step's forward has run (every running request's computed tokens plus the
-      step's chunks; finished requests still counted in their last step). It
-      measures how much of the cache holds live tokens: partly filled last blocks
-      and free blocks both lower it.
+      step's chunks; finished requests still counted in their last step; with
+      prefix caching a slot of a shared block counts once). It measures how much
+      of the cache holds live tokens: partly filled last blocks and free blocks
+      both lower it, and it never exceeds 1.
     * ``step_time_s``: wall time spent in committed ``step()`` calls;
       ``tokens_per_s`` is ``generated_tokens / step_time_s``.
     * prefix caching (PC3-PC5): ``prefix_cache_queries`` the tokens of admitted
@@ -277,13 +278,27 @@ class LLMEngine:
         started = time.perf_counter()
         scheduler = self.scheduler
         out = scheduler.schedule()
-        tokens_in_cache = scheduler.num_cached_tokens + out.num_batched_tokens
         gpu_blocks_used = scheduler.gpu.num_used_blocks
+        tokens_in_cache = self._tokens_in_cache(out, gpu_blocks_used)
         tokens = self._execute(out)
         finished = scheduler.commit(out, tokens)
         plan = make_plan(out, finished)
         self._record(out, tokens_in_cache, gpu_blocks_used, time.perf_counter() - started)
         return plan
+
+    def _tokens_in_cache(self, out: SchedulerOutput, gpu_blocks_used: int) -> int:
+        """Token slots holding K/V once this step's forward has run (``kv_utilization``).
+
+        With prefix caching a block held by ``k`` requests is counted ``k`` times by the
+        per-request counts; it is full (only full blocks are hit, PC3), so each extra
+        holder adds ``block_size`` slots that are not there.
+        """
+        scheduler = self.scheduler
+        tokens = scheduler.num_cached_tokens + out.num_batched_tokens
+        if not self.config.enable_prefix_caching:
+            return tokens
+        held = sum(len(seq.block_table) for seq in scheduler.running)
+        return tokens - self.config.block_size * (held - gpu_blocks_used)
 
     def _execute(self, out: SchedulerOutput) -> list[int]:
         """Swap copies and the forward; on any error undo the step and re-raise."""

@@ -4,13 +4,15 @@
 
     {"requests": [{"id", "line", "state", "output", "finish_reason", "num_preemptions",
                    "error"}, ...],
-     "metrics": {"steps", "preemptions", "swap_out_blocks", "swap_in_blocks",
-                 "recomputed_tokens", "peak_gpu_blocks_used", "num_gpu_blocks",
+     "metrics": {"steps", "preemptions", "preemptions_by_mode", "swap_out_blocks",
+                 "swap_in_blocks", "recomputed_tokens", "peak_gpu_blocks_used", "num_gpu_blocks",
                  "kv_utilization", "tokens_per_s",
                  "prefix_cache": {"queries", "hits", "hit_rate", "reclaimed_blocks"}},
      "interrupted": null | {"signal", "after_step"}}
 
-``metrics.prefix_cache`` is there only with ``--enable-prefix-caching``.
+``metrics.preemptions_by_mode`` counts the victims by the mode used, every mode named
+(``{"recompute", "restart", "swap"}``; a swap that fell back to recompute is a
+recompute). ``metrics.prefix_cache`` is there only with ``--enable-prefix-caching``.
 
 Requests are in workload order; ``line`` is the request's line in the workload file
 (two requests may share an id once the first has finished), ``error`` the refusal of
@@ -30,11 +32,13 @@ from __future__ import annotations
 
 import json
 
-from kvsched.results import RunResult
+from kvsched.results import RunMetrics, RunResult
+from spec.types import PreemptionMode
 
 METRIC_KEYS = (
     "steps",
     "preemptions",
+    "preemptions_by_mode",
     "swap_out_blocks",
     "swap_in_blocks",
     "recomputed_tokens",
@@ -45,9 +49,15 @@ METRIC_KEYS = (
 )
 
 
+def _metric(m: RunMetrics, key: str) -> object:
+    if key == "preemptions_by_mode":
+        return {str(mode): m.preemptions_by_mode.get(str(mode), 0) for mode in PreemptionMode}
+    return getattr(m, key)
+
+
 def to_document(result: RunResult) -> dict[str, object]:
     m = result.metrics
-    metrics: dict[str, object] = {key: getattr(m, key) for key in METRIC_KEYS}
+    metrics: dict[str, object] = {key: _metric(m, key) for key in METRIC_KEYS}
     if m.prefix_cache is not None:
         pc = m.prefix_cache
         metrics["prefix_cache"] = {

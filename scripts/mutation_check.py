@@ -53,6 +53,7 @@ COPIED = (
     "tests/campaign",  # the campaign profile (tests/conftest.py) and the harness's progress hook
     "tests/drain.py",
     "tests/stateful",
+    "tests/oracles",
     "tests/regressions",
 )
 
@@ -820,6 +821,64 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
         machines=("prefix-engine",),
         expect=("fault_restores_cached_kv",),
+    ),
+    # --- metrics, against the spec's trace (tests/oracles/metrics.py; engine machines) ------
+    mutant(
+        "metric-utilization-counts-victims",
+        "kv_utilization counts the blocks a step's victims gave up as still in use",
+        (
+            ENGINE,
+            "        tokens = scheduler.num_cached_tokens + out.num_batched_tokens\n",
+            "        tokens = scheduler.num_cached_tokens + out.num_batched_tokens\n"
+            "        bs = self.config.block_size\n"
+            "        tokens += bs * sum(len(record.gpu_blocks) for record in out.preempted)\n",
+        ),
+        machines=ENGINE_ONLY,
+        expect=("metric_kv_utilization",),
+    ),
+    mutant(
+        "metric-prompt-tokens-as-hits",
+        "prefix_cache_hits counts an admitted request's prompt tokens, not its hit",
+        (
+            PHASES,
+            "        out.num_hit_tokens += start\n",
+            "        out.num_hit_tokens += seq.num_prompt_tokens\n",
+        ),
+        machines=("prefix-engine",),
+        expect=("metric_prefix_cache_hits",),
+    ),
+    mutant(
+        "metric-recomputed-counts-new-positions",
+        "recomputed_tokens counts a re-prefill's whole chunk, past what the victim had computed",
+        (
+            PHASES,
+            "            recomputed += (end if end < until else until) - start\n",
+            "            recomputed += n\n",
+        ),
+        machines=ENGINE_ONLY,
+        expect=("metric_recomputed_tokens",),
+    ),
+    mutant(
+        "metric-swap-in-counts-requests",
+        "swap_in_blocks counts the requests swapped in, not their blocks",
+        (
+            ENGINE,
+            "metrics.swap_in_blocks += len(out.swap_in)",
+            "metrics.swap_in_blocks += len(out.swapped_in)",
+        ),
+        machines=ENGINE_ONLY,
+        expect=("metric_swap_in_blocks",),
+    ),
+    mutant(
+        "metric-reclaim-counts-unkeyed",
+        "reclaimed_cached_blocks counts every block taken from the free queue, keyed or not",
+        (
+            PREFIX,
+            "        if self._forget_key(block):\n            self.num_reclaimed += 1\n",
+            "        self._forget_key(block)\n        self.num_reclaimed += 1\n",
+        ),
+        machines=("prefix-engine",),
+        expect=("metric_prefix_cache_reclaimed_blocks",),
     ),
 )
 

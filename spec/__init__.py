@@ -48,11 +48,11 @@ from spec.liveness import (
     drain,
     drain_step_bound,
     head_steps,
-    progress_violations,
     worst_head_steps,
 )
 from spec.oracle import ConstantOracle, HashOracle, SuccessorOracle
 from spec.policies import POLICIES, Policy, get_policy, is_registered, select_victim
+from spec.progress import progress_violations
 from spec.scheduler import (
     TokenOracle,
     can_swap_out,

@@ -23,9 +23,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from spec.invariants import check_state  # noqa: F401  (used by the PEP 316 contracts)
-from spec.lifecycle import abort_request, add_request, is_live  # noqa: F401
+from spec.lifecycle import abort_request, add_request, is_live
 from spec.policies import get_policy, lifo_victim
-from spec.profiles import prefill_first, too_large  # noqa: F401  (too_large: a contract)
+from spec.profiles import prefill_first, too_large
 from spec.scheduler import schedule
 from spec.types import (
     DuplicateRequestError,
@@ -86,6 +86,21 @@ def within_bounds(state: SchedulerState) -> bool:
 # --- R4: admission rejects exactly the requests that can never fit -----------------------
 
 
+def first_failing_check(
+    state: SchedulerState, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams
+) -> str:
+    """R4's checks in order: the error of the first that fails, else ``"accepted"``."""
+    if len(prompt_token_ids) == 0:
+        return "EmptyPromptError"
+    if params.max_tokens < 1:
+        return "InvalidMaxTokensError"
+    if is_live(state, request_id):
+        return "DuplicateRequestError"
+    if too_large(state.config, len(prompt_token_ids), params.max_tokens):
+        return "RequestTooLargeError"
+    return "accepted"
+
+
 def admission_outcome(
     state: SchedulerState, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams
 ) -> str:
@@ -102,8 +117,8 @@ def admission_outcome(
     pre: within_bounds(state)
     pre: len(prompt_token_ids) <= MAX_PROMPT_LEN
     pre: params.max_tokens <= MAX_MAX_TOKENS
-    post: __return__ == ("EmptyPromptError" if len(prompt_token_ids) == 0 else "InvalidMaxTokensError" if params.max_tokens < 1 else "DuplicateRequestError" if is_live(state, request_id) else "RequestTooLargeError" if too_large(state.config, len(prompt_token_ids), params.max_tokens) else "accepted")
-    """  # noqa: E501
+    post: __return__ == first_failing_check(state, request_id, prompt_token_ids, params)
+    """
     try:
         add_request(state, request_id, prompt_token_ids, params)
     except (

@@ -176,8 +176,6 @@ def state_violations(state: SchedulerState) -> tuple[str, ...]:
       length, each running request holds ``cdiv(computed, bs)`` distinct blocks, every
       key of a held block is its holder's computed prefix at that block, a shared block
       has a key; with caching off there is no pool and no block id.
-
-    post: isinstance(__return__, tuple)
     """
     found = _queue_violations(state)
     found.extend(_kv_violations(state))
@@ -563,8 +561,6 @@ def plan_violations(
       count and preemption count changed exactly as its chunk, sample or preemption says.
 
     It checks the step, not the states: combine with ``state_violations(after)``.
-
-    post: isinstance(__return__, tuple)
     """
     found: list[str] = []
     if plan.step != before.num_steps:

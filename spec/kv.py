@@ -20,7 +20,6 @@ def cdiv(a: int, b: int) -> int:
 
     pre: a >= 0
     pre: b >= 1
-    post: __return__ >= 0
     post: (__return__ - 1) * b < a <= __return__ * b
     """
     return -(-a // b)
@@ -31,7 +30,7 @@ def blocks_held(num_computed_tokens: int, block_size: int) -> int:
 
     pre: num_computed_tokens >= 0
     pre: block_size >= 1
-    post: __return__ == cdiv(num_computed_tokens, block_size)
+    post: (__return__ - 1) * block_size < num_computed_tokens <= __return__ * block_size
     """
     return cdiv(num_computed_tokens, block_size)
 
@@ -46,8 +45,7 @@ def blocks_needed(num_computed_tokens: int, num_new_tokens: int, block_size: int
     pre: num_new_tokens >= 0
     pre: block_size >= 1
     post: 0 <= __return__ <= cdiv(num_new_tokens, block_size)
-    post: blocks_held(num_computed_tokens, block_size) + __return__ == blocks_held(num_computed_tokens + num_new_tokens, block_size)
-    """  # noqa: E501
+    """
     return cdiv(num_computed_tokens + num_new_tokens, block_size) - cdiv(
         num_computed_tokens, block_size
     )
@@ -61,8 +59,7 @@ def max_cached_tokens(prompt_len: int, max_tokens: int) -> int:
 
     pre: prompt_len >= 1
     pre: max_tokens >= 1
-    post: __return__ >= prompt_len
-    post: __return__ == prompt_len + max_tokens - 1
+    post: prompt_len <= __return__ < prompt_len + max_tokens
     """
     return prompt_len + max_tokens - 1
 
@@ -77,11 +74,21 @@ def largest_prefill(prompt_len: int, max_tokens: int, mode: PreemptionMode) -> i
     pre: prompt_len >= 1
     pre: max_tokens >= 1
     post: prompt_len <= __return__ <= max_cached_tokens(prompt_len, max_tokens)
-    post: (__return__ == prompt_len) if mode is PreemptionMode.RESTART else (__return__ == max_cached_tokens(prompt_len, max_tokens))
-    """  # noqa: E501
+    """
     if mode is PreemptionMode.RESTART:
         return prompt_len
     return max_cached_tokens(prompt_len, max_tokens)
+
+
+def fits_alone(config: SchedulerConfig, prompt_len: int, max_tokens: int) -> bool:
+    """R4: a request alone in the engine fits: its ``L`` cached tokens fit the GPU pool's
+    slots, and (chunked prefill off) its largest prefill one step's budget."""
+    slots = config.num_gpu_blocks * config.block_size
+    return max_cached_tokens(prompt_len, max_tokens) <= slots and (
+        config.enable_chunked_prefill
+        or largest_prefill(prompt_len, max_tokens, config.preemption_mode)
+        <= config.max_num_batched_tokens
+    )
 
 
 def never_fits(config: SchedulerConfig, prompt_len: int, max_tokens: int) -> bool:
@@ -95,10 +102,8 @@ def never_fits(config: SchedulerConfig, prompt_len: int, max_tokens: int) -> boo
 
     pre: prompt_len >= 1
     pre: max_tokens >= 1
-    post: __return__ or blocks_held(max_cached_tokens(prompt_len, max_tokens), config.block_size) <= config.num_gpu_blocks
-    post: __return__ or config.enable_chunked_prefill or largest_prefill(prompt_len, max_tokens, config.preemption_mode) <= config.max_num_batched_tokens
-    post: not __return__ or blocks_held(max_cached_tokens(prompt_len, max_tokens), config.block_size) > config.num_gpu_blocks or (not config.enable_chunked_prefill and largest_prefill(prompt_len, max_tokens, config.preemption_mode) > config.max_num_batched_tokens)
-    """  # noqa: E501
+    post: __return__ == (not fits_alone(config, prompt_len, max_tokens))
+    """
     cached = max_cached_tokens(prompt_len, max_tokens)
     if blocks_held(cached, config.block_size) > config.num_gpu_blocks:
         return True
@@ -116,9 +121,7 @@ def chunk_for_prefill(remaining: int, budget: int, chunked_prefill: bool) -> int
 
     pre: remaining >= 1
     pre: budget >= 1
-    post: 1 <= __return__ <= remaining
-    post: not chunked_prefill or __return__ <= budget
-    post: __return__ == (min(remaining, budget) if chunked_prefill else remaining)
+    post: 1 <= __return__ <= remaining and (not chunked_prefill or __return__ <= budget)
     """
     if chunked_prefill:
         return min(remaining, budget)

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Literal
 
-from spec.invariants import check_state  # noqa: F401  (used by the PEP 316 contracts)
+from spec.invariants import check_state
 from spec.kv import blocks_held
 from spec.policies import get_policy
 from spec.prefix_cache import holders, release_blocks
@@ -43,9 +43,7 @@ def init_state(config: SchedulerConfig) -> SchedulerState:
     ``ConfigError`` if ``config.policy`` names no registered policy (R9); the other
     fields were checked when the config was built.
 
-    post: __return__.num_free_gpu_blocks == config.num_gpu_blocks
-    post: __return__.num_free_cpu_blocks == config.num_cpu_blocks
-    post: check_state(__return__)
+    post: check_state(__return__) and __return__.config == config and not is_busy(__return__)
     raises: ConfigError
     """
     get_policy(config.policy)
@@ -60,13 +58,27 @@ def init_state(config: SchedulerConfig) -> SchedulerState:
     )
 
 
+def found_at(state: SchedulerState, request_id: str, where: tuple[Queue, int] | None) -> bool:
+    """``find_request``'s contract: ``where`` holds ``request_id``; None only if it is not live."""
+    if where is None:
+        return request_id not in live_request_ids(state)
+    queue, index = where
+    return index >= 0 and getattr(state, queue)[index].request_id == request_id
+
+
+def is_busy(state: SchedulerState) -> bool:
+    """Whether any request is live, or any block (GPU or CPU) is not free."""
+    return bool(live_request_ids(state)) or (
+        state.num_free_gpu_blocks,
+        state.num_free_cpu_blocks,
+    ) != (state.config.num_gpu_blocks, state.config.num_cpu_blocks)
+
+
 def find_request(state: SchedulerState, request_id: str) -> tuple[Queue, int] | None:
     """Where the live request ``request_id`` is (R1): its queue and index, or None.
 
-    post: __return__ is None or __return__[1] >= 0
-    post: __return__ is None or getattr(state, __return__[0])[__return__[1]].request_id == request_id
-    post: __return__ is not None or request_id not in live_request_ids(state)
-    """  # noqa: E501
+    post: found_at(state, request_id, __return__)
+    """
     queues: tuple[tuple[Queue, tuple[RequestState, ...]], ...] = (
         ("waiting", state.waiting),
         ("running", state.running),
@@ -149,6 +161,28 @@ def check_new_request(
         )
 
 
+def accepted_at_tail(
+    state: SchedulerState,
+    request_id: str,
+    prompt_token_ids: Sequence[int],
+    params: SamplingParams,
+    after: SchedulerState,
+) -> bool:
+    """``add_request``'s contract: ``after`` is valid, and is ``state`` with one fresh
+    request at the tail of ``waiting``, given the next arrival."""
+    new = RequestState(
+        request=Request(
+            request_id=request_id,
+            prompt_token_ids=tuple(prompt_token_ids),
+            params=params,
+            arrival=state.next_arrival,
+        )
+    )
+    return check_state(after) and after == replace(
+        state, waiting=(*state.waiting, new), next_arrival=state.next_arrival + 1
+    )
+
+
 def add_request(
     state: SchedulerState,
     request_id: str,
@@ -182,11 +216,9 @@ def add_request(
     finish, within ``spec.liveness.drain_step_bound(state)`` steps.
 
     pre: check_state(state)
-    post: check_state(__return__)
-    post: __return__ == replace(state, waiting=(*state.waiting, __return__.waiting[-1]), next_arrival=state.next_arrival + 1)
-    post: __return__.waiting[-1] == RequestState(request=Request(request_id=request_id, prompt_token_ids=tuple(prompt_token_ids), params=params, arrival=state.next_arrival))
+    post: accepted_at_tail(state, request_id, prompt_token_ids, params, __return__)
     raises: EmptyPromptError, InvalidMaxTokensError, DuplicateRequestError, RequestTooLargeError
-    """  # noqa: E501
+    """
     prompt = tuple(prompt_token_ids)
     check_new_request(state, request_id, len(prompt), params)
     request = Request(
@@ -222,6 +254,12 @@ def blocks_owned(state: SchedulerState, request_id: str) -> tuple[int, int]:
     return 0, 0
 
 
+def within_owned(state: SchedulerState, request_id: str, freed: tuple[int, int]) -> bool:
+    """``blocks_freed``' contract: at most the GPU blocks it owns, exactly its CPU blocks."""
+    gpu, cpu = blocks_owned(state, request_id)
+    return 0 <= freed[0] <= gpu and freed[1] == cpu
+
+
 def blocks_freed(state: SchedulerState, request_id: str) -> tuple[int, int]:
     """``(gpu, cpu)`` blocks that come free when the live request leaves (R2, PC6).
 
@@ -229,8 +267,7 @@ def blocks_freed(state: SchedulerState, request_id: str) -> tuple[int, int]:
     other running request holds: a shared block stays in use (counted once, PC1).
 
     pre: check_state(state)
-    post: 0 <= __return__[0] <= blocks_owned(state, request_id)[0]
-    post: __return__[1] == blocks_owned(state, request_id)[1]
+    post: within_owned(state, request_id, __return__)
     """
     gpu, cpu = blocks_owned(state, request_id)
     if state.prefix_cache is None or gpu == 0:
@@ -244,6 +281,27 @@ def _without(queue: tuple[RequestState, ...], index: int) -> tuple[RequestState,
     return queue[:index] + queue[index + 1 :]
 
 
+def aborted(
+    state: SchedulerState, request_id: str, after: SchedulerState, finished: FinishedRequest
+) -> bool:
+    """``abort_request``'s contract: ``after`` is valid; exactly ``blocks_freed`` came free;
+    every other live request is kept, in order; the request is reported aborted, with
+    its outputs and preemption count."""
+    if not check_state(after):
+        return False
+    gpu, cpu = blocks_freed(state, request_id)
+    kept = tuple(rid for rid in live_request_ids(state) if rid != request_id)
+    live = (*state.waiting, *state.running, *state.swapped)
+    reports = [(r.output_token_ids, r.num_preemptions) for r in live if r.request_id == request_id]
+    return (
+        after.num_free_gpu_blocks == state.num_free_gpu_blocks + gpu
+        and after.num_free_cpu_blocks == state.num_free_cpu_blocks + cpu
+        and live_request_ids(after) == kept
+        and (finished.request_id, finished.finish_reason) == (request_id, FinishReason.ABORTED)
+        and reports == [(finished.output_token_ids, finished.num_preemptions)]
+    )
+
+
 def abort_request(state: SchedulerState, request_id: str) -> tuple[SchedulerState, FinishedRequest]:
     """Abort a live request, wherever it is (R11).
 
@@ -254,9 +312,9 @@ def abort_request(state: SchedulerState, request_id: str) -> tuple[SchedulerStat
     not live raises ``UnknownRequestError`` and changes nothing.
 
     pre: check_state(state)
-    post: (check_state(__return__[0])) and ((__return__[0].num_free_gpu_blocks, __return__[0].num_free_cpu_blocks) == (state.num_free_gpu_blocks + blocks_freed(state, request_id)[0], state.num_free_cpu_blocks + blocks_freed(state, request_id)[1])) and (live_request_ids(__return__[0]) == tuple(rid for rid in live_request_ids(state) if rid != request_id) and (__return__[1].request_id, __return__[1].finish_reason) == (request_id, FinishReason.ABORTED) and [(__return__[1].output_token_ids, __return__[1].num_preemptions)] == [(r.output_token_ids, r.num_preemptions) for r in (*state.waiting, *state.running, *state.swapped) if r.request_id == request_id])
+    post: aborted(state, request_id, *__return__)
     raises: UnknownRequestError
-    """  # noqa: E501
+    """
     where = find_request(state, request_id)
     if where is None:
         raise UnknownRequestError(f"no live request {request_id!r}")

@@ -74,6 +74,11 @@ class SuccessorOracle:
         return (prefix[-1] + 1) % self.vocab_size
 
 
+def seen_before(tokens: tuple[int, ...], draft: tuple[int, ...]) -> bool:
+    """Whether ``draft`` is empty or occurs in ``tokens`` at some position after the first."""
+    return draft == () or any(tokens[s : s + len(draft)] == draft for s in range(1, len(tokens)))
+
+
 @dataclass(frozen=True, slots=True)
 class PromptLookupDrafter:
     """Draft tokens by prompt lookup: vLLM's speculative ``method: "ngram"``, as a pure
@@ -96,9 +101,8 @@ class PromptLookupDrafter:
     def __call__(self, tokens: tuple[int, ...]) -> tuple[int, ...]:
         """pre: 1 <= self.prompt_lookup_min <= self.prompt_lookup_max
         pre: self.num_speculative_tokens >= 1
-        post: len(__return__) <= self.num_speculative_tokens
-        post: __return__ == () or any(tokens[s : s + len(__return__)] == __return__ for s in range(1, len(tokens)))
-        """  # noqa: E501
+        post: len(__return__) <= self.num_speculative_tokens and seen_before(tokens, __return__)
+        """
         total = len(tokens)
         room = self.num_speculative_tokens
         if self.max_model_len is not None:

@@ -32,6 +32,7 @@ admits a request only if the running requests and it can all keep decoding for t
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -45,10 +46,7 @@ AdmissionGate = Callable[[SchedulerState, RequestState, int], bool]
 
 
 def always_admit(state: SchedulerState, candidate: RequestState, num_tokens: int) -> bool:
-    """The default admission gate: never refuses (R9).
-
-    post: __return__
-    """
+    """The default admission gate: never refuses (R9). (No contract: it would only say so.)"""
     return True
 
 
@@ -73,6 +71,16 @@ def _priority_key(request: RequestState) -> tuple[int, int]:
     return (request.request.params.priority, request.request.arrival)
 
 
+def is_latest_priority(candidates: tuple[RequestState, ...], index: int) -> bool:
+    """Whether ``candidates[index]`` has the largest ``(priority, arrival)``: the lowest
+    priority, latest arrival among them."""
+    chosen = candidates[index].request
+    return all(
+        (c.request.params.priority, c.request.arrival) <= (chosen.params.priority, chosen.arrival)
+        for c in candidates
+    )
+
+
 def priority_victim(candidates: tuple[RequestState, ...]) -> int:
     """``priority`` victim (R9): the largest ``(priority, arrival)``.
 
@@ -80,18 +88,27 @@ def priority_victim(candidates: tuple[RequestState, ...]) -> int:
     arrival goes first.
 
     pre: len(candidates) >= 1
-    post: 0 <= __return__ < len(candidates)
-    post: all(_priority_key(c) <= _priority_key(candidates[__return__]) for c in candidates)
+    post: 0 <= __return__ < len(candidates) and is_latest_priority(candidates, __return__)
     """
     return max(range(len(candidates)), key=lambda i: _priority_key(candidates[i]))
+
+
+def is_priority_ordering(
+    waiting: tuple[RequestState, ...], ordered: tuple[RequestState, ...]
+) -> bool:
+    """Whether ``ordered`` is ``waiting`` rearranged, smallest ``(priority, arrival)`` first."""
+    keys = [(r.request.params.priority, r.request.arrival) for r in ordered]
+    return (
+        len(ordered) == len(waiting)
+        and all(ordered.count(r) == waiting.count(r) for r in waiting)
+        and all(a <= b for a, b in itertools.pairwise(keys))
+    )
 
 
 def priority_order(waiting: tuple[RequestState, ...]) -> tuple[RequestState, ...]:
     """``priority`` waiting order (R9): sorted by ``(priority, arrival)``, smallest first.
 
-    post: sorted(__return__, key=_priority_key) == list(__return__)
-    post: len(__return__) == len(waiting)
-    post: all(__return__.count(r) == waiting.count(r) for r in waiting)
+    post: is_priority_ordering(waiting, __return__)
     """
     return tuple(sorted(waiting, key=_priority_key))
 
@@ -101,6 +118,18 @@ def _fewest_outputs_key(candidates: tuple[RequestState, ...], i: int) -> tuple[i
     return (-len(request.output_token_ids), len(request.request.prompt_token_ids), i)
 
 
+def has_fewest_outputs(candidates: tuple[RequestState, ...], index: int) -> bool:
+    """Whether no candidate has fewer outputs than ``candidates[index]``, nor as few and a
+    longer prompt."""
+    chosen = candidates[index]
+    outputs, prompt = len(chosen.output_token_ids), len(chosen.request.prompt_token_ids)
+    return all(
+        len(c.output_token_ids) > outputs
+        or (len(c.output_token_ids) == outputs and len(c.request.prompt_token_ids) <= prompt)
+        for c in candidates
+    )
+
+
 def fewest_outputs_victim(candidates: tuple[RequestState, ...]) -> int:
     """``fewest-outputs`` victim (R9, SGLang's retraction order).
 
@@ -108,10 +137,8 @@ def fewest_outputs_victim(candidates: tuple[RequestState, ...]) -> int:
     longest prompt (it frees the most blocks), then to the latest in running order.
 
     pre: len(candidates) >= 1
-    post: 0 <= __return__ < len(candidates)
-    post: all(len(c.output_token_ids) >= len(candidates[__return__].output_token_ids) for c in candidates)
-    post: all(_fewest_outputs_key(candidates, i) <= _fewest_outputs_key(candidates, __return__) for i in range(len(candidates)))
-    """  # noqa: E501
+    post: 0 <= __return__ < len(candidates) and has_fewest_outputs(candidates, __return__)
+    """
     return max(range(len(candidates)), key=lambda i: _fewest_outputs_key(candidates, i))
 
 
@@ -132,6 +159,16 @@ RESERVE_HORIZON = 64
 clipped to it (SGLang clips its estimate the same way, at 4096 tokens)."""
 
 
+def now_blocks(requests: tuple[RequestState, ...], block_size: int) -> int:
+    """The blocks ``requests`` hold with every token they have cached."""
+    return sum(cdiv(r.num_tokens, block_size) for r in requests)
+
+
+def peak_sum(requests: tuple[RequestState, ...], block_size: int) -> int:
+    """The blocks ``requests`` would hold if each reached its ``peak_blocks`` at once."""
+    return sum(peak_blocks(r, block_size) for r in requests)
+
+
 def decode_peak_blocks(requests: tuple[RequestState, ...], block_size: int, horizon: int) -> int:
     """``reserve``: the most GPU blocks ``requests`` hold in the next ``horizon`` steps.
 
@@ -149,8 +186,7 @@ def decode_peak_blocks(requests: tuple[RequestState, ...], block_size: int, hori
     pre: horizon >= 1
     pre: all(len(r.request.prompt_token_ids) >= 1 for r in requests)
     pre: all(len(r.output_token_ids) < r.request.params.max_tokens for r in requests)
-    post: sum(cdiv(r.num_tokens, block_size) for r in requests) <= __return__
-    post: __return__ <= sum(peak_blocks(r, block_size) for r in requests)
+    post: now_blocks(requests, block_size) <= __return__ <= peak_sum(requests, block_size)
     """
     to_sample = [
         min(r.request.params.max_tokens - len(r.output_token_ids), horizon) for r in requests
@@ -166,6 +202,13 @@ def decode_peak_blocks(requests: tuple[RequestState, ...], block_size: int, hori
         ),
         default=0,
     )
+
+
+def peak_fits(state: SchedulerState, candidate: RequestState) -> bool:
+    """Whether every request ``reserve`` would run together stays within the pool even if
+    each reached its peak at once (``peak_sum``): then nothing is ever short."""
+    together = (*state.running, candidate)
+    return peak_sum(together, state.config.block_size) <= state.config.num_gpu_blocks
 
 
 def reserve_admit(state: SchedulerState, candidate: RequestState, num_tokens: int) -> bool:
@@ -193,9 +236,8 @@ def reserve_admit(state: SchedulerState, candidate: RequestState, num_tokens: in
     pre: len(candidate.output_token_ids) < candidate.request.params.max_tokens
     pre: all(len(r.request.prompt_token_ids) >= 1 for r in state.running)
     pre: all(len(r.output_token_ids) < r.request.params.max_tokens for r in state.running)
-    post: __return__ or len(state.running) > 0
-    post: __return__ == (not state.running or decode_peak_blocks((*state.running, candidate), state.config.block_size, RESERVE_HORIZON) <= state.config.num_gpu_blocks)
-    """  # noqa: E501
+    post: __return__ or (len(state.running) > 0 and not peak_fits(state, candidate))
+    """
     if not state.running:
         return True
     config = state.config
@@ -267,7 +309,6 @@ def select_victim(policy: Policy, candidates: tuple[RequestState, ...]) -> int:
 
     pre: len(candidates) >= 1
     post: 0 <= __return__ < len(candidates)
-    post: __return__ == policy.select_victim(candidates)
     raises: ConfigError
     """
     index = policy.select_victim(candidates)

@@ -95,8 +95,7 @@ def block_key(tokens: tuple[int, ...], index: int, block_size: int) -> Key:
 
     pre: block_size >= 1
     pre: 0 <= index and (index + 1) * block_size <= len(tokens)
-    post: len(__return__) == (index + 1) * block_size
-    post: __return__ == tokens[: len(__return__)]
+    post: len(__return__) == (index + 1) * block_size and tokens[: len(__return__)] == __return__
     """
     return tokens[: (index + 1) * block_size]
 
@@ -108,8 +107,7 @@ def max_hit_blocks(num_tokens: int, block_size: int) -> int:
 
     pre: num_tokens >= 1
     pre: block_size >= 1
-    post: 0 <= __return__ * block_size <= num_tokens - 1
-    post: (__return__ + 1) * block_size > num_tokens - 1
+    post: 0 <= __return__ * block_size < num_tokens <= (__return__ + 1) * block_size
     """
     return (num_tokens - 1) // block_size
 
@@ -168,12 +166,19 @@ def num_evictable(cache: PrefixCacheState, blocks: Iterable[int]) -> int:
     return sum(1 for block in blocks if block in free)
 
 
+def touched(cache: PrefixCacheState, blocks: tuple[int, ...], after: PrefixCacheState) -> bool:
+    """``touch``'s contract: the keys kept; ``blocks`` out of the free queue, nothing added."""
+    return (
+        after.cached == cache.cached
+        and all(block not in after.free_queue for block in blocks)
+        and all(block in cache.free_queue for block in after.free_queue)
+    )
+
+
 def touch(cache: PrefixCacheState, blocks: tuple[int, ...]) -> PrefixCacheState:
     """PC4: hit blocks that were free leave the free queue; the queue keeps its order.
 
-    post: __return__.cached == cache.cached
-    post: all(block not in __return__.free_queue for block in blocks)
-    post: all(block in cache.free_queue for block in __return__.free_queue)
+    post: touched(cache, blocks, __return__)
     """
     hit = set(blocks)
     return PrefixCacheState(
@@ -181,13 +186,22 @@ def touch(cache: PrefixCacheState, blocks: tuple[int, ...]) -> PrefixCacheState:
     )
 
 
+def taken_from_head(
+    cache: PrefixCacheState, num_blocks: int, after: PrefixCacheState, blocks: tuple[int, ...]
+) -> bool:
+    """``take``'s contract: ``blocks`` are the free queue's head, gone from it, with no key."""
+    return (
+        blocks == cache.free_queue[:num_blocks]
+        and after.free_queue == cache.free_queue[num_blocks:]
+        and all(block not in blocks for _, block in after.cached)
+    )
+
+
 def take(cache: PrefixCacheState, num_blocks: int) -> tuple[PrefixCacheState, tuple[int, ...]]:
     """PC5: ``num_blocks`` blocks from the head of the free queue; reclaimed ones lose their key.
 
     pre: 0 <= num_blocks <= len(cache.free_queue)
-    post: __return__[1] == cache.free_queue[:num_blocks]
-    post: __return__[0].free_queue == cache.free_queue[num_blocks:]
-    post: all(block not in __return__[1] for _, block in __return__[0].cached)
+    post: taken_from_head(cache, num_blocks, *__return__)
     """
     blocks = cache.free_queue[:num_blocks]
     if not blocks:
@@ -205,6 +219,20 @@ def take(cache: PrefixCacheState, num_blocks: int) -> tuple[PrefixCacheState, tu
 # --- PC2 by profile: the blocks a chunk fills get their keys -------------------------
 
 
+def keys_added(cache: PrefixCacheState, after: PrefixCacheState) -> bool:
+    """``give_keys``' contract: the free queue and the keys there were, in order, kept."""
+    return (
+        after.free_queue == cache.free_queue and after.cached[: len(cache.cached)] == cache.cached
+    )
+
+
+def chunk_keyed(cache: PrefixCacheState, after: PrefixCacheState, filled: tuple[int, ...]) -> bool:
+    """``give_keys_last_wins``' contract: the free queue kept; every block of ``filled``
+    (those the chunk filled) has a key."""
+    keyed = {block for _, block in after.cached}
+    return after.free_queue == cache.free_queue and set(filled) <= keyed
+
+
 def give_keys(
     cache: PrefixCacheState,
     tokens: tuple[int, ...],
@@ -219,8 +247,7 @@ def give_keys(
     pre: block_size >= 1
     pre: 0 <= num_tokens <= len(tokens)
     pre: num_tokens // block_size <= len(block_ids)
-    post: __return__.free_queue == cache.free_queue
-    post: __return__.cached[: len(cache.cached)] == cache.cached
+    post: keys_added(cache, __return__)
     """
     keyed = {block for _, block in cache.cached}
     new = [
@@ -256,9 +283,8 @@ def give_keys_last_wins(
     pre: block_size >= 1
     pre: 0 <= start <= end <= len(tokens)
     pre: end // block_size <= len(block_ids)
-    post: __return__.free_queue == cache.free_queue
-    post: {block for _, block in __return__.cached} >= set(block_ids[start // block_size : end // block_size])
-    """  # noqa: E501
+    post: chunk_keyed(cache, __return__, block_ids[start // block_size : end // block_size])
+    """
     pairs = dict(cache.cached)
     new = False
     for index in range(start // block_size, num_full_blocks(end, block_size)):
@@ -291,6 +317,19 @@ def key_blocks(
     return give_keys(cache, tokens, block_ids, end, config.block_size)
 
 
+def chunk_unkeyed(
+    cache: PrefixCacheState, after: PrefixCacheState, filled: tuple[int, ...]
+) -> bool:
+    """``unkey_undone_chunk``'s contract: the free queue kept, keys only dropped, and no
+    block of ``filled`` keyed."""
+    keyed = {block for _, block in after.cached}
+    return (
+        after.free_queue == cache.free_queue
+        and set(after.cached) <= set(cache.cached)
+        and not keyed & set(filled)
+    )
+
+
 def unkey_undone_chunk(
     cache: PrefixCacheState,
     block_ids: tuple[int, ...],
@@ -320,10 +359,8 @@ def unkey_undone_chunk(
     pre: block_size >= 1
     pre: 0 <= start <= end
     pre: end // block_size <= len(block_ids)
-    post: __return__.free_queue == cache.free_queue
-    post: set(__return__.cached) <= set(cache.cached)
-    post: not {block for _, block in __return__.cached} & set(block_ids[start // block_size : end // block_size])
-    """  # noqa: E501
+    post: chunk_unkeyed(cache, __return__, block_ids[start // block_size : end // block_size])
+    """
     filled = set(block_ids[start // block_size : num_full_blocks(end, block_size)])
     if not filled:
         return cache
@@ -334,6 +371,18 @@ def unkey_undone_chunk(
 
 
 # --- PC4, PC5, PC2 together: a chunk takes its blocks (PC8) --------------------------
+
+
+def grown(
+    held: tuple[int, ...], num_blocks: int, after: PrefixCacheState, blocks: tuple[int, ...]
+) -> bool:
+    """``grow``'s contract: ``num_blocks`` distinct blocks, ``held`` first, none free."""
+    return (
+        len(blocks) == num_blocks
+        and blocks[: len(held)] == held
+        and len(set(blocks)) == len(blocks)
+        and not set(blocks) & set(after.free_queue)
+    )
 
 
 def grow(
@@ -359,9 +408,8 @@ def grow(
     pre: 0 <= start <= end <= len(tokens)
     pre: len(set(cache.free_queue)) == len(cache.free_queue) and len(set(held)) == len(held)
     pre: len(held) <= cdiv(end, config.block_size) <= len(held) + len(touch(cache, held).free_queue)
-    post: len(__return__[1]) == cdiv(end, config.block_size) and __return__[1][: len(held)] == held
-    post: len(set(__return__[1])) == len(__return__[1]) and not set(__return__[1]) & set(__return__[0].free_queue)
-    """  # noqa: E501
+    post: grown(held, cdiv(end, config.block_size), *__return__)
+    """
     cache, new = take(touch(cache, held), cdiv(end, config.block_size) - len(held))
     block_ids = (*held, *new)
     return key_blocks(config, cache, tokens, block_ids, start=start, end=end), block_ids
@@ -381,6 +429,16 @@ def holders(running: tuple[RequestState, ...]) -> Counter[int]:
     return counts
 
 
+def released(cache: PrefixCacheState, block_ids: tuple[int, ...], after: PrefixCacheState) -> bool:
+    """``release``'s contract: the keys kept; the free queue keeps its blocks and gains at
+    most ``block_ids``."""
+    return (
+        after.cached == cache.cached
+        and len(after.free_queue) <= len(cache.free_queue) + len(block_ids)
+        and all(block in after.free_queue for block in cache.free_queue)
+    )
+
+
 def release(
     cache: PrefixCacheState, block_ids: tuple[int, ...], others: Mapping[int, int]
 ) -> PrefixCacheState:
@@ -391,9 +449,7 @@ def release(
     hittable) goes to the head, to be reused first. Both groups keep the reverse table
     order.
 
-    post: __return__.cached == cache.cached
-    post: len(__return__.free_queue) <= len(cache.free_queue) + len(block_ids)
-    post: all(block in __return__.free_queue for block in cache.free_queue)
+    post: released(cache, block_ids, __return__)
     """
     freed = [block for block in reversed(block_ids) if not others.get(block, 0)]
     if not freed:
@@ -402,6 +458,18 @@ def release(
     first = tuple(block for block in freed if block not in keyed)
     last = tuple(block for block in freed if block in keyed)
     return PrefixCacheState(free_queue=(*first, *cache.free_queue, *last), cached=cache.cached)
+
+
+def released_unkeyed(cache: PrefixCacheState, after: PrefixCacheState) -> bool:
+    """``release_dropping_keys``' contract: keys only dropped, the free queue only grows at
+    its tail, and (if no free block had a key before) no free block has one after."""
+    keyed_free_before = {block for _, block in cache.cached} & set(cache.free_queue)
+    keyed_free_after = {block for _, block in after.cached} & set(after.free_queue)
+    return (
+        set(after.cached) <= set(cache.cached)
+        and after.free_queue[: len(cache.free_queue)] == cache.free_queue
+        and (not keyed_free_after or bool(keyed_free_before))
+    )
 
 
 def release_dropping_keys(
@@ -417,10 +485,8 @@ def release_dropping_keys(
     block: not another request, not a preempted request coming back (PC7). PC6 keeps
     the key and puts unkeyed blocks at the head. (Upstream nano-vllm keeps the key.)
 
-    post: set(__return__.cached) <= set(cache.cached)
-    post: __return__.free_queue[: len(cache.free_queue)] == cache.free_queue
-    post: not {block for _, block in __return__.cached} & set(__return__.free_queue) or bool({block for _, block in cache.cached} & set(cache.free_queue))
-    """  # noqa: E501
+    post: released_unkeyed(cache, __return__)
+    """
     freed = tuple(block for block in reversed(block_ids) if not others.get(block, 0))
     if not freed:
         return cache
@@ -465,8 +531,6 @@ def pool_violations(
     Between steps a running request holds ``cdiv(computed, bs)`` blocks; in the middle
     of a step a scheduled one already holds the blocks of its chunk, which
     ``extra_tokens`` (request id -> chunk size) adds to its computed count.
-
-    post: isinstance(__return__, list)
     """
     num_blocks, block_size = config.num_gpu_blocks, config.block_size
     nano = nano_caching(config)
@@ -523,8 +587,6 @@ def nano_pool_violations(cache: PrefixCacheState) -> list[str]:
     """What nano-vllm's cache keeps besides PC1 and PC9 (which hold there too, except
     that a shared block may have lost its key, nano-vllm/last-key-wins): each key
     names one block, and no free block has a key (nano-vllm/drop-key-on-free).
-
-    post: isinstance(__return__, list)
     """
     found: list[str] = []
     keys = [key for key, _ in cache.cached]

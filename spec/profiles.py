@@ -40,8 +40,8 @@ def profile_defaults(semantics: Semantics) -> ProfileDefaults:
     build a profile's config with these (``SchedulerConfig(..., **profile_defaults(s))``);
     a setting given explicitly wins.
 
-    post: SchedulerConfig(num_gpu_blocks=1, semantics=semantics, **__return__).semantics is semantics
-    """  # noqa: E501
+    post: SchedulerConfig(num_gpu_blocks=1, semantics=semantics, **__return__) is not None
+    """
     if semantics is Semantics.NANO_VLLM:
         return {"enable_chunked_prefill": False, "enable_prefix_caching": True}
     return {}
@@ -73,12 +73,18 @@ def too_large(config: SchedulerConfig, prompt_len: int, max_tokens: int) -> bool
 
     pre: prompt_len >= 1
     pre: max_tokens >= 1
-    post: config.semantics is Semantics.VLLM_V1 or __return__ == never_fits(config, prompt_len, max_tokens)
-    """  # noqa: E501
+    post: model_len(config) is not None or __return__ == never_fits(config, prompt_len, max_tokens)
+    """
     length = model_len(config)
     if length is None:
         return never_fits(config, prompt_len, max_tokens)
     return prompt_len >= length
+
+
+def over_model_len(config: SchedulerConfig, num_tokens: int) -> bool:
+    """Whether ``num_tokens`` reach the profile's ``max_model_len`` (never without one)."""
+    length = model_len(config)
+    return length is not None and num_tokens >= length
 
 
 def length_capped(
@@ -91,8 +97,8 @@ def length_capped(
     ``v1/core/sched/utils.py:114-119``, after the EOS check as in R10).
 
     pre: num_outputs >= 1
-    post: __return__ == (num_outputs >= max_tokens or (model_len(config) is not None and num_tokens >= model_len(config)))
-    """  # noqa: E501
+    post: __return__ == (num_outputs >= max_tokens or over_model_len(config, num_tokens))
+    """
     if num_outputs >= max_tokens:
         return True
     length = model_len(config)
@@ -100,6 +106,19 @@ def length_capped(
 
 
 # --- vllm-v1/full-sequence-admission (V2) ----------------------------------------------
+
+
+def sequence_in_slots(
+    config: SchedulerConfig, request: RequestState, blocks: int, budget: int | None
+) -> bool:
+    """The whole-sequence gates in token slots (their contracts): under the gate's profile
+    (vllm-v1 when ``budget`` is None, else nano-vllm) the request's ``num_tokens`` fit
+    the ``blocks`` blocks' slots (and the ``budget``); True under the other profiles."""
+    gated = Semantics.VLLM_V1 if budget is None else Semantics.NANO_VLLM
+    return config.semantics is not gated or (
+        request.num_tokens <= blocks * config.block_size
+        and (budget is None or request.num_tokens <= budget)
+    )
 
 
 def full_sequence_fits(
@@ -131,9 +150,8 @@ def full_sequence_fits(
     pre: free >= 0
     pre: 0 <= num_evictable <= num_hit
     pre: num_hit * config.block_size < request.num_tokens
-    post: config.semantics is Semantics.VLLM_V1 or __return__
-    post: __return__ == (config.semantics is not Semantics.VLLM_V1 or cdiv(request.num_tokens, config.block_size) - num_hit + num_evictable <= free)
-    """  # noqa: E501
+    post: __return__ == sequence_in_slots(config, request, free + num_hit - num_evictable, None)
+    """
     if config.semantics is not Semantics.VLLM_V1:
         return True
     return cdiv(request.num_tokens, config.block_size) - num_hit + num_evictable <= free
@@ -263,9 +281,8 @@ def whole_sequence_admissible(
     it charges and takes. (With nothing hit the two agree.)
 
     pre: budget >= 0 and free >= 0
-    post: config.semantics is not Semantics.NANO_VLLM or __return__ == (request.num_tokens <= budget and cdiv(request.num_tokens, config.block_size) <= free)
-    post: config.semantics is Semantics.NANO_VLLM or __return__
-    """  # noqa: E501
+    post: __return__ == sequence_in_slots(config, request, free, budget)
+    """
     if config.semantics is not Semantics.NANO_VLLM:
         return True
     return request.num_tokens <= budget and cdiv(request.num_tokens, config.block_size) <= free

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
-from spec.invariants import (  # noqa: F401  (used by the PEP 316 contracts)
+from spec.invariants import (
     blocks_in_use,
     check_plan,
     check_state,
@@ -33,7 +33,14 @@ from spec.invariants import (  # noqa: F401  (used by the PEP 316 contracts)
     outputs_extended,
 )
 from spec.kv import blocks_held, blocks_needed, cdiv, chunk_for_prefill
-from spec.policies import Policy, always_admit, get_policy, priority_victim, select_victim
+from spec.policies import (
+    Policy,
+    always_admit,
+    get_policy,
+    is_latest_priority,
+    priority_victim,
+    select_victim,
+)
 from spec.prefix_cache import (
     grow,
     holders,
@@ -50,11 +57,12 @@ from spec.profiles import (
     next_victim,
     prefill_first,
     running_capped,
-    step_token_limit,  # noqa: F401  (used by the PEP 316 contracts)
+    step_token_limit,
     victim_among_all_running,
     victim_next,
     whole_sequence_admissible,
 )
+from spec.progress import progress_violations
 from spec.types import (
     FinishedRequest,
     FinishReason,
@@ -150,12 +158,25 @@ def plan_tokens(plan: StepPlan) -> int:
 # --- preemption (R6) -------------------------------------------------------------------
 
 
+def preempted_as(
+    victim: RequestState, after: RequestState, computed: int, outputs: tuple[int, ...]
+) -> bool:
+    """Whether ``after`` is ``victim`` (the same request) preempted once more, now with
+    ``computed`` tokens computed and ``outputs``."""
+    return (
+        after.request == victim.request
+        and after.num_computed_tokens == computed
+        and after.output_token_ids == outputs
+        and after.num_preemptions == victim.num_preemptions + 1
+    )
+
+
 def can_swap_out(victim: RequestState, block_size: int, num_free_cpu_blocks: int) -> bool:
     """R6 swap: whether the victim's ``cdiv(computed, bs)`` blocks fit the free CPU blocks.
 
     pre: block_size >= 1
     pre: victim.num_computed_tokens >= 0
-    post: __return__ == (blocks_held(victim.num_computed_tokens, block_size) <= num_free_cpu_blocks)
+    post: __return__ == (victim.num_computed_tokens <= num_free_cpu_blocks * block_size)
     """
     return blocks_held(victim.num_computed_tokens, block_size) <= num_free_cpu_blocks
 
@@ -163,9 +184,7 @@ def can_swap_out(victim: RequestState, block_size: int, num_free_cpu_blocks: int
 def swap_out(victim: RequestState) -> RequestState:
     """R6 swap: the victim keeps ``computed`` and its outputs; its blocks move to the CPU.
 
-    post: __return__.num_computed_tokens == victim.num_computed_tokens
-    post: __return__.output_token_ids == victim.output_token_ids
-    post: __return__.num_preemptions == victim.num_preemptions + 1
+    post: preempted_as(victim, __return__, victim.num_computed_tokens, victim.output_token_ids)
     """
     return replace(victim, num_preemptions=victim.num_preemptions + 1)
 
@@ -173,9 +192,7 @@ def swap_out(victim: RequestState) -> RequestState:
 def recompute(victim: RequestState) -> RequestState:
     """R6 recompute: ``computed = 0``, outputs kept; it re-prefills prompt + outputs.
 
-    post: __return__.num_computed_tokens == 0
-    post: __return__.output_token_ids == victim.output_token_ids
-    post: __return__.num_preemptions == victim.num_preemptions + 1
+    post: preempted_as(victim, __return__, 0, victim.output_token_ids)
     """
     return replace(victim, num_computed_tokens=0, num_preemptions=victim.num_preemptions + 1)
 
@@ -183,15 +200,26 @@ def recompute(victim: RequestState) -> RequestState:
 def restart(victim: RequestState) -> RequestState:
     """R6 restart: ``computed = 0`` and the outputs are discarded (the seed tutorial).
 
-    post: __return__.num_computed_tokens == 0
-    post: __return__.output_token_ids == ()
-    post: __return__.num_preemptions == victim.num_preemptions + 1
+    post: preempted_as(victim, __return__, 0, ())
     """
     return replace(
         victim,
         output_token_ids=(),
         num_computed_tokens=0,
         num_preemptions=victim.num_preemptions + 1,
+    )
+
+
+def preempted_by_mode(
+    victim: RequestState, config: SchedulerConfig, after: RequestState, mode: PreemptionMode
+) -> bool:
+    """``preempt``'s contract: one more preemption, in the configured mode or by
+    recompute; a swap keeps ``computed``, recompute and restart reset it."""
+    computed = victim.num_computed_tokens if mode is PreemptionMode.SWAP else 0
+    return (
+        after.num_preemptions == victim.num_preemptions + 1
+        and mode in (config.preemption_mode, PreemptionMode.RECOMPUTE)
+        and after.num_computed_tokens == computed
     )
 
 
@@ -208,17 +236,47 @@ def preempt(
 
     pre: victim.num_computed_tokens >= 0
 
-    post: __return__[0].num_preemptions == victim.num_preemptions + 1
-    post: __return__[1] == config.preemption_mode or __return__[1] == PreemptionMode.RECOMPUTE
-    post: __return__[1] != PreemptionMode.SWAP or __return__[0].num_computed_tokens == victim.num_computed_tokens
-    post: __return__[1] == PreemptionMode.SWAP or __return__[0].num_computed_tokens == 0
-    """  # noqa: E501
+    post: preempted_by_mode(victim, config, *__return__)
+    """
     mode = config.preemption_mode
     if mode is PreemptionMode.SWAP and can_swap_out(victim, config.block_size, num_free_cpu_blocks):
         return swap_out(victim), PreemptionMode.SWAP
     if mode is PreemptionMode.RESTART:
         return restart(victim), PreemptionMode.RESTART
     return recompute(victim), PreemptionMode.RECOMPUTE
+
+
+Released = tuple[RequestState, PreemptionMode, int, int, PrefixCacheState | None]
+"""``release_victim``'s result: the victim after, the mode, free GPU and CPU blocks, the pool."""
+
+
+def victim_released(  # noqa: PLR0917  (release_victim's arguments, as its contract names them)
+    victim: RequestState,
+    held: int,
+    config: SchedulerConfig,
+    free: int,
+    free_cpu: int,
+    cache: PrefixCacheState | None,
+    others: tuple[RequestState, ...],
+    released: Released,
+) -> bool:
+    """``release_victim``'s contract: the GPU pool gets back exactly what the victim held
+    alone (all ``cdiv(held, bs)`` blocks with caching off; with it on, its block ids no
+    other running request holds, and it holds none after), and the CPU pool gives
+    exactly the blocks of a swap's kept computed tokens."""
+    after, mode, free_after, free_cpu_after, _ = released
+    bs = config.block_size
+    if cache is None:
+        alone = blocks_held(held, bs)
+    else:
+        alone = len(set(victim.block_ids) - holders(others).keys())
+    swapped = blocks_held(after.num_computed_tokens, bs) if mode is PreemptionMode.SWAP else 0
+    return (
+        free_after == free + alone
+        and (cache is None or after.block_ids == ())
+        and free_cpu_after >= 0
+        and free_cpu_after + swapped == free_cpu
+    )
 
 
 def release_victim(
@@ -230,7 +288,7 @@ def release_victim(
     free_cpu: int,
     cache: PrefixCacheState | None = None,
     others: tuple[RequestState, ...] = (),
-) -> tuple[RequestState, PreemptionMode, int, int, PrefixCacheState | None]:
+) -> Released:
     """R6 with its block accounting: preempt a running ``victim`` whose GPU blocks hold
     ``held`` tokens when ``free`` GPU and ``free_cpu`` CPU blocks are free; return it
     after, the mode used, the free counts after and the block pool after.
@@ -246,10 +304,10 @@ def release_victim(
 
     pre: 0 <= victim.num_computed_tokens <= held
     pre: free >= 0 and free_cpu >= 0
-    pre: cache is None or (free == len(cache.free_queue) and len(set(victim.block_ids)) == len(victim.block_ids))
-    post: __return__[2] == free + (blocks_held(held, config.block_size) if cache is None else len(set(victim.block_ids) - holders(others).keys())) and (cache is None or __return__[0].block_ids == ())
-    post: __return__[3] >= 0 and __return__[3] + (blocks_held(__return__[0].num_computed_tokens, config.block_size) if __return__[1] is PreemptionMode.SWAP else 0) == free_cpu
-    """  # noqa: E501
+    pre: cache is None or free == len(cache.free_queue)
+    pre: len(set(victim.block_ids)) == len(victim.block_ids)
+    post: victim_released(victim, held, config, free, free_cpu, cache, others, __return__)
+    """
     bs = config.block_size
     after, mode = preempt(victim, config, free_cpu)
     if cache is None:
@@ -274,9 +332,24 @@ def choose_victim(policy: Policy, running: tuple[RequestState, ...], i: int) -> 
 
     pre: 0 <= i < len(running)
     post: i <= __return__ < len(running)
-    post: __return__ == i + policy.select_victim(running[i:])
     """
     return i + select_victim(policy, running[i:])
+
+
+def victim_by_profile(
+    config: SchedulerConfig, policy: Policy, running: tuple[RequestState, ...], i: int, k: int
+) -> bool:
+    """``profile_victim``'s contract: ``running[k]`` is the victim the profile names when
+    ``running[i]`` needs blocks: nano-vllm, the next request (the current one if last);
+    vllm-v1 with ``priority``, the lowest priority, latest arrival of all of
+    ``running``; otherwise the policy's victim among ``running[i:]``."""
+    if not 0 <= k < len(running):
+        return False
+    if victim_next(config):
+        return k == min(i + 1, len(running) - 1)
+    if victim_among_all_running(config):
+        return is_latest_priority(running, k)
+    return i <= k and k - i == policy.select_victim(running[i:])
 
 
 def profile_victim(
@@ -290,14 +363,34 @@ def profile_victim(
     scheduled in this step (an index below ``i``).
 
     pre: 0 <= i < len(running)
-    post: 0 <= __return__ < len(running)
-    post: victim_among_all_running(config) or i <= __return__
+    post: victim_by_profile(config, policy, running, i, __return__)
     """
     if victim_next(config):
         return i + next_victim(len(running) - i)
     if victim_among_all_running(config):
         return priority_victim(running)
     return choose_victim(policy, running, i)
+
+
+def _ids(requests: tuple[RequestState, ...]) -> list[str]:
+    return [r.request_id for r in requests]
+
+
+def running_served(before: StepDraft, after: StepDraft) -> bool:
+    """Phase A's contract: ``draft_violations``; the chunks are the head of ``running``,
+    in order; each request running before is running or preempted; the recomputed
+    victims are at the front of ``waiting``, the last preempted first, the swapped ones
+    at the tail of ``swapped``, in preemption order."""
+    scheduled = [c.request_id for c in after.scheduled]
+    swap = [p.request_id for p in after.preempted if p.mode is PreemptionMode.SWAP]
+    back = [p.request_id for p in reversed(after.preempted) if p.mode is not PreemptionMode.SWAP]
+    return (
+        draft_violations(before, after) == ()
+        and scheduled == _ids(after.state.running[: len(scheduled)])
+        and len(after.state.running) + len(after.preempted) == len(before.state.running)
+        and _ids(after.state.waiting) == back + _ids(before.state.waiting)
+        and _ids(after.state.swapped) == _ids(before.state.swapped) + swap
+    )
 
 
 def schedule_running(draft: StepDraft) -> StepDraft:
@@ -332,8 +425,8 @@ def schedule_running(draft: StepDraft) -> StepDraft:
     pre: check_state(draft.state)
     pre: draft.budget == draft.state.config.max_num_batched_tokens
     pre: draft.scheduled == () and draft.preempted == () and draft.swapped_in == ()
-    post: (draft_violations(draft, __return__) == ()) and ([c.request_id for c in __return__.scheduled] == [r.request_id for r in __return__.state.running[: len(__return__.scheduled)]] and len(__return__.state.running) + len(__return__.preempted) == len(draft.state.running)) and ([r.request_id for r in __return__.state.waiting] == [p.request_id for p in reversed(__return__.preempted) if p.mode is not PreemptionMode.SWAP] + [r.request_id for r in draft.state.waiting] and [r.request_id for r in __return__.state.swapped] == [r.request_id for r in draft.state.swapped] + [p.request_id for p in __return__.preempted if p.mode is PreemptionMode.SWAP])
-    """  # noqa: E501
+    post: running_served(draft, __return__)
+    """
     state = draft.state
     config = state.config
     policy = get_policy(config.policy)
@@ -440,6 +533,24 @@ def schedule_running(draft: StepDraft) -> StepDraft:
 # --- phase B: swapping in (R7) ---------------------------------------------------------
 
 
+def chunk_fits(  # noqa: PLR0917  (prefill_fit's arguments, as its contract names them)
+    request: RequestState,
+    config: SchedulerConfig,
+    start: int,
+    num_hit: int,
+    budget: int,
+    free: int,
+    n: int,
+) -> bool:
+    """``prefill_fit``'s contract, in token slots: a chunk of ``1..min(budget, remaining)``
+    tokens whose end fits the slots of the hit's blocks and the free ones."""
+    return (
+        1 <= n <= budget
+        and start + n <= request.num_tokens
+        and start + n <= (num_hit + free) * config.block_size
+    )
+
+
 def prefill_fit(
     request: RequestState,
     config: SchedulerConfig,
@@ -461,12 +572,41 @@ def prefill_fit(
 
     pre: budget >= 1 and free >= 0
     pre: 0 <= num_hit * config.block_size <= start < request.num_tokens
-    post: __return__ == 0 or (1 <= __return__ <= min(budget, request.num_tokens - start) and blocks_held(start + __return__, config.block_size) - num_hit <= free)
-    """  # noqa: E501
+    post: __return__ == 0 or chunk_fits(request, config, start, num_hit, budget, free, __return__)
+    """
     n = chunk_for_prefill(request.num_tokens - start, budget, config.enable_chunked_prefill)
     if n > budget or blocks_held(start + n, config.block_size) - num_hit > free:
         return 0
     return n
+
+
+def swapped_in_head_first(before: StepDraft, after: StepDraft) -> bool:
+    """Phase B's contract: ``draft_violations``; the swap-ins are the head of ``swapped``,
+    in order; and (R7, head-of-line) the first swapped request left did not fit."""
+    new = after.swapped_in[len(before.swapped_in) :]
+    return (
+        draft_violations(before, after) == ()
+        and list(new) == _ids(before.state.swapped[: len(new)])
+        and swapped_head_blocked(after)
+    )
+
+
+def swapped_head_blocked(after: StepDraft) -> bool:
+    """R7 on what is left after phase B, in a step that preempted nothing: the head of
+    ``swapped`` (if any) lacks a seat, the budget (its whole remainder, with chunked
+    prefill off) or the slots of the GPU blocks left free."""
+    state, config = after.state, after.state.config
+    if after.preempted or not state.swapped:
+        return True
+    head = state.swapped[0]
+    remaining = head.num_tokens - head.num_computed_tokens
+    n = min(remaining, after.budget) if config.enable_chunked_prefill else remaining
+    return (
+        len(state.running) >= config.max_num_seqs
+        or after.budget == 0
+        or n > after.budget
+        or head.num_computed_tokens + n > state.num_free_gpu_blocks * config.block_size
+    )
 
 
 def swap_in_requests(draft: StepDraft) -> StepDraft:
@@ -488,8 +628,8 @@ def swap_in_requests(draft: StepDraft) -> StepDraft:
 
     pre: kv_conserved_mid_step(draft.state, draft.scheduled)
     pre: 0 <= draft.budget <= draft.state.config.max_num_batched_tokens
-    post: (draft_violations(draft, __return__) == ()) and (__return__.swapped_in == draft.swapped_in + tuple(r.request_id for r in draft.state.swapped[: len(__return__.swapped_in) - len(draft.swapped_in)]))
-    """  # noqa: E501
+    post: swapped_in_head_first(draft, __return__)
+    """
     state = draft.state
     if draft.preempted or not state.swapped:
         return draft
@@ -535,6 +675,19 @@ def swap_in_requests(draft: StepDraft) -> StepDraft:
 # --- phase C: admitting waiting requests (R8) ------------------------------------------
 
 
+def waiting_admitted(before: StepDraft, after: StepDraft) -> bool:
+    """Phase C's contract: ``draft_violations``; ``waiting`` keeps its order minus the
+    admitted; nothing is admitted after a preemption or while a request is swapped."""
+    admitted = {c.request_id for c in after.scheduled}
+    idle = bool(before.preempted or before.state.swapped)
+    return (
+        draft_violations(before, after) == ()
+        and _ids(after.state.waiting)
+        == [i for i in _ids(before.state.waiting) if i not in admitted]
+        and (after == before or not idle)
+    )
+
+
 def admit_waiting(draft: StepDraft) -> StepDraft:
     """Phase C (R8): admit waiting requests in the policy's order while they fit.
 
@@ -563,8 +716,8 @@ def admit_waiting(draft: StepDraft) -> StepDraft:
 
     pre: kv_conserved_mid_step(draft.state, draft.scheduled)
     pre: 0 <= draft.budget <= draft.state.config.max_num_batched_tokens
-    post: (draft_violations(draft, __return__) == ()) and ([r.request_id for r in __return__.state.waiting] == [r.request_id for r in draft.state.waiting if r.request_id not in {c.request_id for c in __return__.scheduled}] and (__return__ == draft or not (draft.preempted or draft.state.swapped)))
-    """  # noqa: E501
+    post: waiting_admitted(draft, __return__)
+    """
     state = draft.state
     if draft.preempted or state.swapped or not state.waiting:
         return draft
@@ -639,6 +792,21 @@ def _admission_view(
 # --- phases A-C together ---------------------------------------------------------------
 
 
+def step_planned(state: SchedulerState, state_mid: SchedulerState, plan: StepPlan) -> bool:
+    """``schedule``'s contract: the plan within ``step_token_limit``, of this step, nothing
+    sampled or finished yet, no swap-in after a preemption; blocks conserved with the
+    chunks holding theirs; no request lost or duplicated."""
+    return (
+        plan_tokens(plan) <= step_token_limit(state.config)
+        and plan.step == state.num_steps
+        and plan.sampled == ()
+        and plan.finished == ()
+        and not (plan.preempted and plan.swapped_in)
+        and kv_conserved_mid_step(state_mid, plan.scheduled)
+        and live_ids_sorted(state_mid) == live_ids_sorted(state)
+    )
+
+
 def schedule(state: SchedulerState) -> tuple[SchedulerState, StepPlan]:
     """Phases A-C of a step: decide what runs and allocate its blocks (R5-R8).
 
@@ -655,8 +823,8 @@ def schedule(state: SchedulerState) -> tuple[SchedulerState, StepPlan]:
     only to ``sampling_request_ids`` and ``complete_step``.
 
     pre: check_state(state)
-    post: (plan_tokens(__return__[1]) <= step_token_limit(state.config) and __return__[1].step == state.num_steps and __return__[1].sampled == () and __return__[1].finished == () and (not __return__[1].preempted or __return__[1].swapped_in == ())) and (kv_conserved_mid_step(__return__[0], __return__[1].scheduled) and live_ids_sorted(__return__[0]) == live_ids_sorted(state))
-    """  # noqa: E501
+    post: step_planned(state, *__return__)
+    """
     draft = StepDraft(state=state, budget=state.config.max_num_batched_tokens)
     if prefill_first(state.config):
         admitted = admit_waiting(draft)
@@ -675,6 +843,21 @@ def schedule(state: SchedulerState) -> tuple[SchedulerState, StepPlan]:
 # --- phase D: sampled tokens and finishing (R10) ---------------------------------------
 
 
+def stops_for(
+    config: SchedulerConfig,
+    params: SamplingParams,
+    num_tokens: int,
+    num_outputs: int,
+    reason: FinishReason | None,
+) -> bool:
+    """``finish_reason``'s contract: ``length`` only when capped by length, and nothing
+    goes on with ``max_tokens`` outputs."""
+    capped = length_capped(config, num_tokens, num_outputs, params.max_tokens)
+    return (reason is not FinishReason.LENGTH or capped) and (
+        reason is not None or num_outputs < params.max_tokens
+    )
+
+
 def finish_reason(
     config: SchedulerConfig, params: SamplingParams, token: int, num_tokens: int, num_outputs: int
 ) -> FinishReason | None:
@@ -687,9 +870,8 @@ def finish_reason(
     ``max_model_len`` tokens (``spec.profiles.length_capped``); else None.
 
     pre: num_outputs >= 1
-    post: __return__ != FinishReason.LENGTH or length_capped(config, num_tokens, num_outputs, params.max_tokens)
-    post: __return__ is not None or num_outputs < params.max_tokens
-    """  # noqa: E501
+    post: stops_for(config, params, num_tokens, num_outputs, __return__)
+    """
     if not params.ignore_eos and params.eos_token_id is not None and token == params.eos_token_id:
         return FinishReason.STOP
     if length_capped(config, num_tokens, num_outputs, params.max_tokens):
@@ -747,6 +929,31 @@ def sampling_request_ids(state_mid: SchedulerState, plan: StepPlan) -> tuple[str
     )
 
 
+def step_completed(
+    state_mid: SchedulerState,
+    plan: StepPlan,
+    tokens: Mapping[str, int],
+    after: SchedulerState,
+    done: StepPlan,
+) -> bool:
+    """``complete_step``'s contract: GPU blocks conserved (free + in use after = free + in
+    use with the chunks before) and free only grows; CPU pool, ``waiting`` and
+    ``swapped`` untouched; outputs only appended, one token per sampling request; no
+    running request left with ``max_tokens`` outputs or its EOS (R10); one step more."""
+    gpu_before = state_mid.num_free_gpu_blocks + blocks_in_use(state_mid, plan.scheduled)[0]
+    untouched = (state_mid.num_free_cpu_blocks, state_mid.swapped, state_mid.waiting)
+    return (
+        after.num_free_gpu_blocks + blocks_in_use(after)[0] == gpu_before
+        and after.num_free_gpu_blocks >= state_mid.num_free_gpu_blocks
+        and (after.num_free_cpu_blocks, after.swapped, after.waiting) == untouched
+        and outputs_extended(state_mid, tokens, after, done.finished)
+        and len(done.sampled) == len(tokens)
+        and all(len(r.output_token_ids) < r.request.params.max_tokens for r in after.running)
+        and not any(eos_sampled(r) for r in after.running)
+        and after.num_steps == state_mid.num_steps + 1
+    )
+
+
 def complete_step(
     state_mid: SchedulerState, plan: StepPlan, tokens: Mapping[str, int]
 ) -> tuple[SchedulerState, StepPlan]:
@@ -765,9 +972,9 @@ def complete_step(
     one, even for an empty step.
 
     pre: plan_matches(state_mid, plan)
-    post: (__return__[0].num_free_gpu_blocks + blocks_in_use(__return__[0])[0] == state_mid.num_free_gpu_blocks + blocks_in_use(state_mid, plan.scheduled)[0] and __return__[0].num_free_gpu_blocks >= state_mid.num_free_gpu_blocks and (__return__[0].num_free_cpu_blocks, __return__[0].swapped, __return__[0].waiting) == (state_mid.num_free_cpu_blocks, state_mid.swapped, state_mid.waiting)) and (outputs_extended(state_mid, tokens, __return__[0], __return__[1].finished) and len(__return__[1].sampled) == len(tokens)) and (all(len(r.output_token_ids) < r.request.params.max_tokens and not eos_sampled(r) for r in __return__[0].running) and __return__[0].num_steps == state_mid.num_steps + 1)
+    post: step_completed(state_mid, plan, tokens, *__return__)
     raises: SampledTokensError
-    """  # noqa: E501
+    """
     by_id = _running_by_id(state_mid)
     bs = state_mid.config.block_size
     updated: dict[str, RequestState | None] = {}
@@ -872,6 +1079,20 @@ def oracle_tokens(
     return tokens
 
 
+def stepped(state: SchedulerState, after: SchedulerState, plan: StepPlan) -> bool:
+    """``step``'s contract: ``after`` valid (every invariant, both pools conserved); the
+    step valid (``check_plan``: R1-R10); the step counters and the token limit; and Rule
+    P (``progress_violations``): no request waits in a step that could take it back."""
+    return (
+        check_state(after)
+        and check_plan(state, plan, after)
+        and plan.step == state.num_steps
+        and after.num_steps == state.num_steps + 1
+        and plan_tokens(plan) <= step_token_limit(state.config)
+        and progress_violations(state, plan) == ()
+    )
+
+
 def step(
     state: SchedulerState, tokens: Mapping[str, int] | TokenOracle
 ) -> tuple[SchedulerState, StepPlan]:
@@ -882,9 +1103,9 @@ def step(
     ``next_token(prompt + outputs so far) -> token`` called once per sampling request.
 
     pre: check_state(state)
-    post: (check_state(__return__[0])) and (check_plan(state, __return__[1], __return__[0]) and __return__[1].step == state.num_steps and __return__[0].num_steps == state.num_steps + 1 and plan_tokens(__return__[1]) <= step_token_limit(state.config))
+    post: stepped(state, *__return__)
     raises: SampledTokensError
-    """  # noqa: E501
+    """
     state_mid, plan = schedule(state)
     if isinstance(tokens, Mapping):
         return complete_step(state_mid, plan, tokens)

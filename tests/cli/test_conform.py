@@ -73,22 +73,40 @@ def test_chunked_prefill_off(invoke: Invoke, write_workload: WriteWorkload) -> N
     assert code == 0, out
 
 
-def test_a_wrong_victim_diverges(
+#: Three requests that fill 4 blocks of one token in step 0; in step 1 each decode needs
+#: a block. LIFO: ``a``'s need evicts ``c`` (the last), then ``b``'s need has only ``b``
+#: itself left: victims ``c, b``, and only ``a`` runs. Evicting the candidate right after
+#: the requester instead gives victims ``b, c`` and again only ``a`` runs: the chunks,
+#: the tokens and every step before are the same, the victim is the one difference.
+VICTIM_WORKLOAD: list[dict[str, object]] = [
+    {"id": "a", "prompt": [1, 2], "max_tokens": 3, "ignore_eos": True},
+    {"id": "b", "prompt": [3], "max_tokens": 3, "ignore_eos": True},
+    {"id": "c", "prompt": [4], "max_tokens": 3, "ignore_eos": True},
+]
+VICTIM_OPTIONS = ("--device", "cpu", "--num-gpu-blocks", "4", "--block-size", "1")
+
+
+def test_a_wrong_victim_diverges_at_the_victim(
     invoke: Invoke, write_workload: WriteWorkload, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """LIFO broken to preempt the first candidate instead of the last one."""
-    monkeypatch.setattr(
-        impl.policies.LifoPolicy, "select_victim", lambda self, running, start: start
+    """LIFO broken to evict the first candidate after the requester, not the last one."""
+    path = write_workload(VICTIM_WORKLOAD)
+    agreed = invoke("conform", str(path), *VICTIM_OPTIONS)
+    assert agreed.out == (
+        "conform: ok: spec and engine agree at all 6 steps (3 requests, 0 rejected, "
+        "3 preemptions; policy lifo, recompute mode)\n"
     )
-    path = write_workload(_workload())
-    code, out, err = _conform(invoke, path)
-    assert code == 1
-    assert err == ""
-    assert out.startswith("conform: DIVERGED at step ")
-    assert out.count("\n") == 1
-    # "step N: plan.<field>: spec <value>, engine <value>"
-    assert ": plan." in out
-    assert ", engine " in out
+    monkeypatch.setattr(
+        impl.policies.LifoPolicy,
+        "select_victim",
+        lambda self, running, start: start + 1 if start + 1 < len(running) else start,
+    )
+    result = invoke("conform", str(path), *VICTIM_OPTIONS)
+    assert (result.code, result.err) == (1, "")
+    assert result.out == (
+        "conform: DIVERGED at step 1: plan.preempted[0].request_id: spec 'c', engine 'b' "
+        "(policy lifo, recompute mode)\n"
+    )
 
 
 def test_a_wrong_token_count_diverges(

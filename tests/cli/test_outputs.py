@@ -83,6 +83,7 @@ def test_document_shape() -> None:
     metrics = doc["metrics"]
     assert isinstance(metrics, dict)
     assert list(metrics) == list(METRIC_KEYS)
+    assert metrics["preemptions_by_mode"] == {"recompute": 2, "restart": 0, "swap": 0}
     text = dumps(_result())
     assert json.loads(text) == doc
     assert text.count("\n") == 8  # one line per request

@@ -18,8 +18,9 @@ Pairs (``PAIRS``, run by ``python -m tests.crosshair.runner --diff``):
 
 - ``blocks_needed``: ``spec.kv.blocks_needed`` against the block-table growth phase A
   of ``impl.Scheduler.schedule`` gives a lone running request;
-- ``never_fits``: ``spec.kv.never_fits`` against ``impl.Scheduler.check_request``
-  raising ``RequestTooLargeError`` (R4 check 5);
+- ``never_fits``: R4 check 5 by profile, ``spec.profiles.too_large`` (``spec.kv.never_fits``
+  under kvsched and nano-vllm, the ``max_model_len`` bound under vllm-v1) against
+  ``impl.Scheduler.check_request`` raising ``RequestTooLargeError``;
 - ``victim_<policy>`` for every policy registered on both sides: the spec's
   ``choose_victim(policy, state.running, i)`` against the engine policy's
   ``select_victim(running, i)`` on the same requests (``i`` is the request that needs
@@ -40,8 +41,9 @@ from typing import Any
 from impl.policies import POLICIES as IMPL_POLICIES
 from impl.scheduler import Scheduler
 from impl.sequence import Sequence, SequenceStatus
-from spec.kv import blocks_needed, cdiv, never_fits
+from spec.kv import blocks_needed, cdiv
 from spec.policies import POLICIES as SPEC_POLICIES
+from spec.profiles import too_large
 from spec.scheduler import choose_victim
 from spec.types import (
     RequestState,
@@ -130,9 +132,11 @@ def _never_fits_domain(prompt_len: int, max_tokens: int) -> None:
 
 
 def spec_never_fits(config: SchedulerConfig, prompt_len: int, max_tokens: int) -> bool:
-    """``spec.kv.never_fits`` on the common domain."""
+    """R4 check 5 under the config's profile (``never_fits`` but under vllm-v1), on the
+    common domain. (Configs are drawn over every profile: comparing ``never_fits``
+    alone found vllm-v1's ``max_model_len`` bound as a "difference".)"""
     _never_fits_domain(prompt_len, max_tokens)
-    return never_fits(config, prompt_len, max_tokens)
+    return too_large(config, prompt_len, max_tokens)
 
 
 def impl_never_fits(config: SchedulerConfig, prompt_len: int, max_tokens: int) -> bool:

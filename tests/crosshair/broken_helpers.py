@@ -9,7 +9,7 @@ on ``engine_blocks_needed_floor`` against the spec and expects a difference.
 
 from __future__ import annotations
 
-from spec.kv import blocks_held, cdiv  # noqa: F401  (blocks_held: used by a contract)
+from spec.kv import cdiv
 from spec.types import RequestState
 from tests.crosshair.adapters import blocks_needed_domain
 
@@ -22,8 +22,7 @@ def blocks_needed_off_by_one(num_computed_tokens: int, num_new_tokens: int, bloc
     pre: num_new_tokens >= 0
     pre: block_size >= 1
     post: 0 <= __return__ <= cdiv(num_new_tokens, block_size)
-    post: blocks_held(num_computed_tokens, block_size) + __return__ == blocks_held(num_computed_tokens + num_new_tokens, block_size)
-    """  # noqa: E501
+    """
     return cdiv(num_computed_tokens + num_new_tokens, block_size) - (
         num_computed_tokens // block_size
     )

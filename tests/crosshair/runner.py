@@ -24,9 +24,11 @@
    registered on both sides; the two registries must name the same policies).
 
 Exit status: 0 when no counterexample and no difference was found, every contract
-was analysed and every planted bug was found; 1 on a counterexample, a difference or
-a planted bug not found; 2 on any other problem (unanalysed contract, CrossHair
-error, timeout). "No counterexample" is a bounded statement: see docs/crosshair.md.
+was analysed and every planted bug was found; 1 whenever a counterexample or a
+difference was printed or a planted bug was not found, whatever else went wrong; 2 on
+any other problem (unanalysed contract, CrossHair error, timeout). Every condition's
+outcome is printed: confirmed, counterexample, explored to depth d (d paths without a
+counterexample) or unanalysed. "No counterexample" is a bounded statement: see docs/crosshair.md.
 """
 
 from __future__ import annotations
@@ -89,6 +91,13 @@ HEAVY_HELPERS = ("spec.scheduler.release_victim", "spec.scheduler.prefill_fit")
 reaches it, docs/crosshair.md): checked with the heavy budget too."""
 
 PREDICATES = {
+    "spec.policies.always_admit": "the default gate, ``return True``: a contract could only "
+    "restate it",
+    "spec.invariants.state_violations": "the state invariants, as readable lines",
+    "spec.invariants.plan_violations": "the step rules, as readable lines",
+    "spec.prefix_cache.pool_violations": "PC1 and PC9, as readable lines",
+    "spec.prefix_cache.nano_pool_violations": "nano-vllm's pool rules, as readable lines",
+    "spec.scheduler.swapped_head_blocked": "R7's head-of-line rule, a predicate of phase B's",
     "spec.invariants.check_state": "the validity predicate the contracts use",
     "spec.invariants.check_plan": "the step predicate the contracts use",
     "spec.invariants.kv_conserved_mid_step": "a predicate the contracts use",
@@ -100,10 +109,15 @@ PREDICATES = {
     "spec.scheduler.draft_violations": "the predicate of the phases' contracts",
     "spec.scheduler.samples": "a predicate of one chunk",
     "spec.contracts.within_bounds": "the size predicate of the wrappers",
-    "spec.liveness.progress_violations": "Rule P itself, a predicate over a state and a "
+    "spec.progress.progress_violations": "Rule P itself, a predicate over a state and a "
     "plan (an arbitrary plan names requests the state lacks)",
 }
-"""Public spec functions that need no contract of their own: they *are* specification."""
+"""Public spec functions that need no contract of their own: they *are* specification.
+
+Besides these, a public function named in a ``post:`` line (a contract's named predicate,
+``running_served``, ``aborted``...) is specification too, and needs none."""
+
+_CALLED = re.compile(r"\b([A-Za-z_]\w*)\(")
 
 _CONTRACT_LINE = re.compile(r"^\s*(?:\"\"\")?(pre|post|inv)(\[[^\]]*\])?:\s")
 _REPORT_LINE = re.compile(
@@ -152,9 +166,25 @@ def _function_conditions(node: ast.FunctionDef, source: list[str]) -> tuple[list
     return pre, post
 
 
+def _predicates(spec_dir: Path) -> set[str]:
+    """The names called in some ``post:`` line of the spec: its contracts' predicates."""
+    names: set[str] = set()
+    for path in spec_dir.glob("*.py"):
+        for text in path.read_text().splitlines():
+            match = _CONTRACT_LINE.match(text)
+            if match is not None and match.group(1) == "post":
+                names.update(_CALLED.findall(text))
+    return names
+
+
 def audit_sources(spec_dir: Path = SPEC) -> Audit:
-    """The contracts in the spec's source, found with ``ast`` (not with CrossHair)."""
+    """The contracts in the spec's source, found with ``ast`` (not with CrossHair).
+
+    Each function states one ``post:`` (issue 24: so that CrossHair's budget does not
+    multiply, and each contract reads as one named property); a second is a problem.
+    """
     audit = Audit()
+    predicates = _predicates(spec_dir)
     for path in sorted(spec_dir.glob("*.py")):
         module = f"spec.{path.stem}" if path.stem != "__init__" else "spec"
         source = path.read_text().splitlines()
@@ -178,6 +208,11 @@ def audit_sources(spec_dir: Path = SPEC) -> Audit:
             for qualname, function in methods:
                 pre, post = _function_conditions(function, source)
                 claimed.update(pre, post)
+                if len(post) > 1:
+                    audit.problems.append(
+                        f"{path}:{post[1]}: {module}.{qualname} has {len(post)} post: lines "
+                        "(one per function: join them in a named predicate)"
+                    )
                 lines = post or ([function.lineno] if pre else [])
                 conditions.extend(lines)
                 heavy = heavy or any(
@@ -190,6 +225,7 @@ def audit_sources(spec_dir: Path = SPEC) -> Audit:
                     and public
                     and not lines
                     and name not in PREDICATES
+                    and function.name not in predicates
                 ):
                     audit.problems.append(f"{path}:{function.lineno}: {name} has no contract")
             if conditions:
@@ -311,12 +347,11 @@ def check_stage(args: argparse.Namespace) -> int:
     status = verdict.status
     for line in verdict.errors:
         print(line)
-    if args.verbose:
-        for line in verdict.results:
-            print(f"  {line}")
-    if audit.problems:
-        status = max(status, 2)
-    if verdict.status == 2:
+    for line in verdict.results:  # every condition's outcome (issue 25: honest tallies)
+        print(f"  {line}")
+    if audit.problems and status == 0:
+        status = 2
+    if verdict.tally[UNANALYSED] or any(r.returncode not in (0, 1) for r in runs):
         for result in runs:  # show what CrossHair said, to see why
             print(f"--- {' '.join(result.command[3:6])} ... (exit {result.returncode})")
             print(result.output[-5000:])
@@ -335,16 +370,50 @@ def check_stage(args: argparse.Namespace) -> int:
     return status
 
 
+CONFIRMED = "confirmed"
+"""CrossHair explored every path (within the builders' sizes): a proof, as far as it goes."""
+COUNTEREXAMPLE = "counterexample"
+EXPLORED = "explored"
+"""No counterexample on the paths CrossHair ran before the budget: "explored to depth d",
+``d`` the number of paths."""
+UNANALYSED = "unanalysed"
+"""No verdict: no report line, the precondition never met, or the process failed."""
+
+
+@dataclass
+class Outcome:
+    """One condition's result."""
+
+    where: str
+    kind: str  # CONFIRMED, COUNTEREXAMPLE, EXPLORED or UNANALYSED
+    restating: bool
+    paths: int | None  # paths run, as the driver counted them
+    message: str
+
+    def line(self) -> str:
+        if self.kind == EXPLORED:
+            what = f"explored to depth {self.paths or 0} (paths) without a counterexample"
+        elif self.kind == CONFIRMED:
+            what = f"confirmed over all paths ({self.paths or 0} paths)"
+        elif self.kind == COUNTEREXAMPLE:
+            what = f"counterexample: {self.message}"
+        else:
+            what = f"unanalysed: {self.message or 'no report line'}"
+        return f"{self.where}: {what}{' [restates the body]' if self.restating else ''}"
+
+
 @dataclass
 class ModuleTally:
-    """One module's conditions: evidence and restatements apart."""
+    """One module's conditions: those independent of the body and the restating ones apart."""
 
-    confirmed: int = 0
-    explored: int = 0  # no counterexample within the budget
-    explored_paths: list[int] = field(default_factory=list)  # paths run, per explored one
-    found: int = 0  # counterexamples or errors
-    restating_confirmed: int = 0
-    restating_explored: int = 0
+    independent: Counter[str] = field(default_factory=Counter)
+    restating: Counter[str] = field(default_factory=Counter)
+    explored_paths: list[int] = field(default_factory=list)  # independent, explored ones
+
+    def add(self, outcome: Outcome) -> None:
+        (self.restating if outcome.restating else self.independent)[outcome.kind] += 1
+        if outcome.kind == EXPLORED and not outcome.restating:
+            self.explored_paths.append(outcome.paths or 0)
 
 
 @dataclass
@@ -353,38 +422,57 @@ class Verdict:
     tally: Counter[str] = field(default_factory=Counter)
     problems: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)  # CrossHair's error lines, as printed
-    results: list[str] = field(default_factory=list)  # one line per condition
+    outcomes: list[Outcome] = field(default_factory=list)  # one per condition
     modules: dict[str, ModuleTally] = field(default_factory=dict)
 
+    @property
+    def results(self) -> list[str]:
+        return [o.line() for o in self.outcomes]
+
     def summary(self) -> list[str]:
-        """Per module: confirmed, explored over how many paths, found; restatements apart."""
+        """Per module and in all: the independent conditions by outcome (the explored ones
+        with their depth, paths min-median), then the restating ones."""
         lines = [
-            "  module            evidence: confirmed | explored, no counterexample "
-            "(paths each: min-median) | found || restating body: confirmed | explored"
+            "  module            independent of the body: confirmed | explored (depth: paths "
+            "min-median) | counterexample | unanalysed || restating: confirmed | explored | other"
         ]
+        total = ModuleTally()
         for module, t in sorted(self.modules.items()):
-            paths = sorted(t.explored_paths)
-            spread = f"{paths[0]}-{paths[len(paths) // 2]}" if paths else "-"
-            lines.append(
-                f"  {module:<17} {t.confirmed:>9} | {t.explored:>3} ({spread:>7} paths) | "
-                f"{t.found} || {t.restating_confirmed:>3} | {t.restating_explored}"
-            )
+            lines.append(f"  {module:<17} {_row(t)}")
+            total.independent.update(t.independent)
+            total.restating.update(t.restating)
+            total.explored_paths.extend(t.explored_paths)
+        lines.append(f"  {'total':<17} {_row(total)}")
         return lines
+
+
+def _row(t: ModuleTally) -> str:
+    paths = sorted(t.explored_paths)
+    spread = f"{paths[0]}-{paths[len(paths) // 2]}" if paths else "-"
+    i, r = t.independent, t.restating
+    other = r[COUNTEREXAMPLE] + r[UNANALYSED]
+    return (
+        f"{i[CONFIRMED]:>9} | {i[EXPLORED]:>3} ({spread:>7}) | {i[COUNTEREXAMPLE]} | "
+        f"{i[UNANALYSED]} || {r[CONFIRMED]:>3} | {r[EXPLORED]} | {other}"
+    )
 
 
 def evaluate(targets: Sequence[Target], runs: Sequence[Run]) -> Verdict:
     """Match CrossHair's ``--report_all`` lines with the contracts found in the source.
 
-    Status 1 if CrossHair reported an error (a counterexample, an exception, a
-    precondition of a callee broken); 2 if a process failed or a contract was not
-    analysed: no report line for it, or "Unable to meet precondition".
+    Each condition gets one outcome: confirmed, counterexample, explored to depth d
+    (no counterexample on ``d`` paths), or unanalysed (no report line, "Unable to meet
+    precondition", a failed process). Status 1 whenever CrossHair printed an error (a
+    counterexample, an exception, a callee's precondition broken), whatever else went
+    wrong; else 2 if a process failed or a condition went unanalysed; else 0.
     """
     verdict = Verdict()
     reported: dict[tuple[str, int], tuple[str, str]] = {}
     paths: dict[tuple[str, int], int] = {}
+    failed = False
     for result in runs:
         if result.returncode not in (0, 1):
-            verdict.status = max(verdict.status, 2)
+            failed = True
             verdict.problems.append(
                 f"crosshair exited with {result.returncode}:\n{result.output[-3000:]}"
             )
@@ -396,9 +484,10 @@ def evaluate(targets: Sequence[Target], runs: Sequence[Run]) -> Verdict:
             match = _REPORT_LINE.match(line)
             if match is None:
                 continue
-            reported[(match["file"], int(match["line"]))] = (match["kind"], match["msg"])
+            key = (match["file"], int(match["line"]))
+            if reported.get(key, ("", ""))[0] != "error":  # the first error line stays
+                reported[key] = (match["kind"], match["msg"])
             if match["kind"] == "error":
-                verdict.status = max(verdict.status, 1)
                 verdict.errors.append(line)
     for target in targets:
         module = verdict.modules.setdefault(target.name.rsplit(".", 1)[0], ModuleTally())
@@ -406,38 +495,23 @@ def evaluate(targets: Sequence[Target], runs: Sequence[Run]) -> Verdict:
             key = (str(target.file), lineno)
             kind, message = reported.get(key, ("missing", ""))
             where = f"{_shown(target.file)}:{lineno} ({target.name})"
-            restating = lineno in target.restatements
-            explored = paths.get(key)
-            note = f" [{explored} paths]" if explored is not None else ""
-            note += " [restates the body]" if restating else ""
-            verdict.results.append(f"{where}: {kind}: {message}{note}")
             if kind == "error":
-                module.found += 1
+                outcome = COUNTEREXAMPLE
             elif message.startswith("Confirmed"):
-                if restating:
-                    module.restating_confirmed += 1
-                else:
-                    module.confirmed += 1
+                outcome = CONFIRMED
             elif message.startswith("Not confirmed"):
-                if restating:
-                    module.restating_explored += 1
-                else:
-                    module.explored += 1
-                    module.explored_paths.append(explored or 0)
-            if kind == "missing":
-                verdict.status = max(verdict.status, 2)
-                verdict.problems.append(f"{where}: not analysed by CrossHair (no report line)")
-                verdict.tally["not analysed"] += 1
-            elif kind == "error":
-                verdict.tally["counterexample or error"] += 1
-            elif message.startswith("Confirmed"):
-                verdict.tally["confirmed over all paths"] += 1
-            elif message.startswith("Not confirmed"):
-                verdict.tally["no counterexample within the budget"] += 1
-            else:  # "Unable to meet precondition", ...
-                verdict.status = max(verdict.status, 2)
-                verdict.problems.append(f"{where}: {message}")
-                verdict.tally["not analysed"] += 1
+                outcome = EXPLORED
+            else:  # no line, "Unable to meet precondition", ...
+                outcome = UNANALYSED
+                verdict.problems.append(f"{where}: {message or 'not analysed (no report line)'}")
+            found = Outcome(where, outcome, lineno in target.restatements, paths.get(key), message)
+            verdict.outcomes.append(found)
+            module.add(found)
+            verdict.tally[outcome] += 1
+    if verdict.errors:
+        verdict.status = 1
+    elif failed or verdict.tally[UNANALYSED]:
+        verdict.status = 2
     return verdict
 
 
@@ -593,17 +667,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--only-bug", action="append", help="run only this planted bug (repeatable)"
     )
-    parser.add_argument("--verbose", action="store_true", help="print every condition's result")
+    parser.add_argument(
+        "--verbose", action="store_true", help="print each planted bug's counterexample"
+    )
     parser.add_argument("--log-dir", help="write each CrossHair process's whole output here")
     args = parser.parse_args(argv)
     start = time.monotonic()
-    status = 0
+    statuses = [0]
     if args.stage in ("all", "check"):
-        status = max(status, check_stage(args))
+        statuses.append(check_stage(args))
     if args.stage in ("all", "planted"):
-        status = max(status, planted_stage(args))
+        statuses.append(planted_stage(args))
     if args.stage in ("all", "diff"):
-        status = max(status, diff_stage(args))
+        statuses.append(diff_stage(args))
+    # 1 whenever something was found (or a planted bug was not): that is the finding,
+    # whatever else could not be analysed.
+    status = 1 if 1 in statuses else max(statuses)
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
     print(
         f"crosshair: {'OK' if status == 0 else 'FAILED'} in {time.monotonic() - start:.0f} s "

@@ -37,7 +37,7 @@ from __future__ import annotations
 import collections.abc
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar, cast
 
 import crosshair
@@ -70,6 +70,7 @@ from spec.types import (
     ScheduledChunk,
     SchedulerConfig,
     SchedulerState,
+    Semantics,
     StepPlan,
 )
 
@@ -175,32 +176,107 @@ def choose_mode(p: SymbolicFactory) -> PreemptionMode:
     return choose_one(p, "_preemption_mode", list(PreemptionMode))
 
 
+KVSCHED_SHARE = 0.8
+"""The share of a state's paths under the kvsched profile; the peer profiles split the rest.
+
+Most of the transitions' rules (and the planted table's bugs) are kvsched's; vllm-v1 and
+nano-vllm change a few gates, the victim and the budget, so a tenth of the paths each
+(measured: at a quarter each, four of phase A's and C's planted bugs were missed in the
+budget at a load of 10)."""
+
+
+def choose_semantics(p: SymbolicFactory, kvsched: float) -> Semantics:
+    """A profile per path: kvsched on ``kvsched`` of the paths, vllm-v1 and nano-vllm
+    alike on the rest."""
+    if choose(p, "_semantics_is_kvsched", kvsched):
+        return Semantics.KVSCHED
+    return choose_one(p, "_semantics", (Semantics.VLLM_V1, Semantics.NANO_VLLM))
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A profile's config-time constraints (``SchedulerConfig._check_vllm_v1`` /
+    ``_check_nano_vllm``), chosen concretely so that no path is spent on a ``ConfigError``."""
+
+    semantics: Semantics
+    mode: PreemptionMode
+    policy: str
+    chunked: bool
+    block_size: int
+
+
+def choose_profile(
+    p: SymbolicFactory, kvsched: float, mode: PreemptionMode | None = None
+) -> Profile:
+    """The profile and the fields it constrains. ``mode`` forces that preemption mode
+    (and so kvsched, for swap); otherwise every mode the profile allows."""
+    semantics = Semantics.KVSCHED if mode is PreemptionMode.SWAP else choose_semantics(p, kvsched)
+    if semantics is Semantics.KVSCHED:
+        return Profile(
+            semantics,
+            mode or choose_mode(p),
+            choose_policy(p),
+            choose(p, "_enable_chunked_prefill", 0.5),
+            concrete_int(p, "_block_size", 1, MAX_BLOCK_SIZE),
+        )
+    if semantics is Semantics.VLLM_V1:
+        return Profile(
+            semantics,
+            PreemptionMode.RECOMPUTE,
+            choose_one(p, "_policy", ("lifo", "priority")),
+            choose(p, "_enable_chunked_prefill", 0.5),
+            concrete_int(p, "_block_size", 1, MAX_BLOCK_SIZE),
+        )
+    return Profile(
+        semantics,
+        PreemptionMode.RECOMPUTE,
+        "lifo",
+        False,
+        concrete_int(p, "_block_size", 2, MAX_BLOCK_SIZE),
+    )
+
+
 def make_policy(p: SymbolicFactory) -> Policy:
     """A registered policy (a ``Policy`` of arbitrary callables is not one)."""
     return POLICIES[choose_policy(p)]
 
 
 def make_config(p: SymbolicFactory) -> SchedulerConfig:
-    """A config alone: every field symbolic within the ``MAX_CONFIG_*`` ranges."""
+    """A config alone: every profile (a third of the paths each), every field symbolic
+    within the ``MAX_CONFIG_*`` ranges and the profile's constraints."""
+    profile = choose_profile(p, 1 / 3)
     num_gpu_blocks = bounded_int(p, "_num_gpu_blocks", 1, MAX_CONFIG_BLOCKS)
-    block_size = concrete_int(p, "_block_size", 1, MAX_BLOCK_SIZE)
     budget = bounded_int(p, "_max_num_batched_tokens", 1, MAX_CONFIG_BUDGET)
     max_num_seqs = bounded_int(p, "_max_num_seqs", 1, MAX_CONFIG_SEQS)
-    num_cpu_blocks = bounded_int(p, "_num_cpu_blocks", 0, MAX_CONFIG_BLOCKS)
-    chunked = choose(p, "_enable_chunked_prefill", 0.5)
-    mode = choose_mode(p)
-    policy = choose_policy(p)
-    with ResumedTracing():
+    num_cpu_blocks = 0
+    if profile.semantics is Semantics.KVSCHED:
+        num_cpu_blocks = bounded_int(p, "_num_cpu_blocks", 0, MAX_CONFIG_BLOCKS)
+    with ResumedTracing(), _dropped_if_inconsistent():
+        if profile.semantics is Semantics.VLLM_V1:
+            _assume_vllm_v1(p, num_gpu_blocks * profile.block_size, budget, max_num_seqs, profile)
         return SchedulerConfig(
             num_gpu_blocks=num_gpu_blocks,
-            block_size=block_size,
+            block_size=profile.block_size,
             max_num_batched_tokens=budget,
             max_num_seqs=max_num_seqs,
-            enable_chunked_prefill=chunked,
-            preemption_mode=mode,
+            enable_chunked_prefill=profile.chunked,
+            preemption_mode=profile.mode,
             num_cpu_blocks=num_cpu_blocks,
-            policy=policy,
+            policy=profile.policy,
+            semantics=profile.semantics,
         )
+
+
+def _assume_vllm_v1(
+    p: SymbolicFactory, capacity: int, budget: int, max_num_seqs: int, profile: Profile
+) -> None:
+    """vllm-v1's config checks on symbolic fields, as constraints: a budget of at least
+    ``max_num_seqs``, and a default ``max_model_len`` (the cache's capacity, or the budget
+    with chunked prefill off) of at least 2."""
+    assume(p, budget >= max_num_seqs)
+    assume(p, capacity >= 2)
+    if not profile.chunked:
+        assume(p, budget >= 2)
 
 
 def _queue_lengths(
@@ -336,10 +412,8 @@ def build_state(
     in); ``waiting``: a waiting request and nothing swapped (phase C admits). Without
     a focus, every mode and a full pool on ``POOL_FULL`` of the paths.
     """
-    block_size = concrete_int(p, "_block_size", 1, MAX_BLOCK_SIZE)
-    chunked = choose(p, "_enable_chunked_prefill", 0.5)
-    mode = PreemptionMode.SWAP if focus == "swapped" else choose_mode(p)
-    policy = choose_policy(p)
+    profile = choose_profile(p, KVSCHED_SHARE, PreemptionMode.SWAP if focus == "swapped" else None)
+    mode = profile.mode
     num_waiting, num_running, num_swapped = _queue_lengths(p, mode, focus, grows)
     arrivals: list[int] = []
     queues: dict[str, tuple[RequestState, ...]] = {}
@@ -357,7 +431,12 @@ def build_state(
     free_gpu = bounded_int(p, "_num_free_gpu_blocks", 0)
     full = {None: POOL_FULL, "running": 0.75}.get(focus, 0.0)
     pool_full = full > 0 and choose(p, "_gpu_pool_full", full)
-    free_cpu = bounded_int(p, "_num_free_cpu_blocks", 0)
+    # Phase A: the head's chunk capped by the budget (a prefill longer than it), on half
+    # of the paths with a running focus.
+    head_over_budget = focus == "running" and choose(p, "_head_over_budget", 0.5)
+    free_cpu = 0
+    if profile.semantics is Semantics.KVSCHED:
+        free_cpu = bounded_int(p, "_num_free_cpu_blocks", 0)
     budget = bounded_int(p, "_max_num_batched_tokens", 1)
     max_num_seqs = bounded_int(p, "_max_num_seqs", max(1, num_running))
     next_arrival = bounded_int(p, "_next_arrival", 0)
@@ -366,10 +445,7 @@ def build_state(
         state = _assemble_state(
             p,
             queues,
-            block_size=block_size,
-            chunked=chunked,
-            mode=mode,
-            policy=policy,
+            profile,
             free_gpu=free_gpu,
             free_cpu=free_cpu,
             budget=budget,
@@ -379,6 +455,9 @@ def build_state(
         )
         if pool_full:
             prefer(p, free_gpu == 0)
+        if head_over_budget:
+            head = state.running[0]
+            prefer(p, budget < head.num_tokens - head.num_computed_tokens)
     with NoTracing():
         p.space.extra(_BuiltStates).states.append(state)
     return state
@@ -387,11 +466,8 @@ def build_state(
 def _assemble_state(
     p: SymbolicFactory,
     queues: dict[str, tuple[RequestState, ...]],
+    profile: Profile,
     *,
-    block_size: int,
-    chunked: bool,
-    mode: PreemptionMode,
-    policy: str,
     free_gpu: int,
     free_cpu: int,
     budget: int,
@@ -399,7 +475,9 @@ def _assemble_state(
     next_arrival: int,
     num_steps: int,
 ) -> SchedulerState:
-    """The state from its parts, with the constraints that tie them (R2, R4)."""
+    """The state from its parts, with the constraints that tie them (R2, R4; vllm-v1:
+    its config checks and R10's ``max_model_len``)."""
+    block_size, chunked, mode = profile.block_size, profile.chunked, profile.mode
     live = (*queues["waiting"], *queues["running"], *queues["swapped"])
     gpu_owned = sum(blocks_held(r.num_computed_tokens, block_size) for r in queues["running"])
     cpu_owned = sum(blocks_held(r.num_computed_tokens, block_size) for r in queues["swapped"])
@@ -414,6 +492,8 @@ def _assemble_state(
         assume(p, blocks_held(cached, block_size) <= num_gpu_blocks)
         if not chunked:
             assume(p, largest_prefill(prompt_len, max_tokens, mode) <= budget)
+    if profile.semantics is Semantics.VLLM_V1:
+        _assume_vllm_v1(p, num_gpu_blocks * block_size, budget, max_num_seqs, profile)
     config = SchedulerConfig(
         num_gpu_blocks=num_gpu_blocks,
         block_size=block_size,
@@ -422,8 +502,13 @@ def _assemble_state(
         enable_chunked_prefill=chunked,
         preemption_mode=mode,
         num_cpu_blocks=cpu_owned + free_cpu,
-        policy=policy,
+        policy=profile.policy,
+        semantics=profile.semantics,
     )
+    length = config.max_model_len
+    if length is not None:  # R10: a live request stops before max_model_len tokens
+        for request in live:
+            assume(p, request.num_tokens < length)
     return SchedulerState(
         config=config,
         num_free_gpu_blocks=free_gpu,
@@ -492,7 +577,19 @@ def make_tokens(p: SymbolicFactory, key_type: type, value_type: type) -> Mapping
         if plan is None:
             state, plan = schedule(state)
         ids = sampling_request_ids(state, plan)
-    return {rid: p(int, f"_token_{rid}") for rid in ids}
+    by_id = {r.request_id: r for r in state.running}
+    tokens: dict[str, int] = {}
+    for rid in ids:
+        request = by_id[rid]
+        token = tokens[rid] = p(int, f"_token_{rid}")
+        # R10's EOS finish: the token is the request's EOS on a quarter of the paths
+        # (else the solver's first answer rarely is; measured: D-eos-dropped was missed).
+        if choose(p, f"_token_{rid}_is_eos", 0.25):
+            with ResumedTracing():
+                eos = request.request.params.eos_token_id
+                if eos is not None:
+                    prefer(p, token == eos)
+    return tokens
 
 
 def make_prompt(p: SymbolicFactory, item_type: type) -> Sequence[int]:

@@ -126,7 +126,7 @@ def test_the_runner_fails_on_what_crosshair_did_not_analyse() -> None:
         ],
     )
     assert ok.status == 0
-    assert ok.tally == {"confirmed over all paths": 1, "no counterexample within the budget": 2}
+    assert ok.tally == {"confirmed": 1, "explored": 2}
     unanalysed = evaluate(
         [target],
         [
@@ -151,6 +151,14 @@ def test_the_runner_fails_on_what_crosshair_did_not_analyse() -> None:
     )
     assert found.status == 1
     assert found.errors == [f"{spec_file}:10: error: false when calling f(1) (which returns 0)"]
+    # A counterexample is a finding even when another condition got no line (CrossHair
+    # may stop a function's search at its first counterexample): 1, not 2.
+    cut_short = evaluate(
+        [target],
+        [output(f"{spec_file}:10: error: false when calling f(1) (which returns 0)", code=1)],
+    )
+    assert cut_short.status == 1
+    assert cut_short.tally == {"counterexample": 1, "unanalysed": 2}
     crashed = evaluate([target], [output(code=2)])
     assert crashed.status == 2
 
@@ -199,22 +207,18 @@ def test_the_state_crosshair_found_is_now_invalid() -> None:
     ]
 
 
-def test_every_planted_bug_applies_once_to_a_function_crosshair_checks() -> None:
-    """Each planted edit matches the spec's source exactly once, changes it, and names a
-    function the check analyses; every area the table is meant to cover is there."""
-    targets = {t.name for t in audit_sources().targets}
-    for bug in PLANTED:
-        source = (ROOT / "spec" / bug.file).read_text()
-        assert source.count(bug.old) == 1, bug.name
-        assert bug.old != bug.new, bug.name
-        assert bug.target in targets, bug.name
+def test_the_planted_table_covers_every_area() -> None:
+    """Every area the table is meant to cover has a bug that changes something. (That
+    each still applies to the spec's source is ``scripts/check_anchors.py``'s to say: an
+    edit that keeps behaviour is no failure of the suite.)"""
+    assert all(bug.old != bug.new for bug in PLANTED)
+    assert len({bug.name for bug in PLANTED}) == len(PLANTED) >= 12
     areas = {bug.where for bug in PLANTED}
     for area in ("phase A", "swap-in", "swap-out", "admission arithmetic", "preemption"):
         assert area in areas
     for queue in ("waiting", "running", "swapped"):
         assert f"abort ({queue})" in areas
     assert any(bug.target == "spec.scheduler.complete_step" for bug in PLANTED)
-    assert len(PLANTED) >= 12
 
 
 def test_the_planted_stage_finds_a_bug_and_not_a_harmless_edit() -> None:

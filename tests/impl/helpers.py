@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 from impl.scheduler import Scheduler
 from impl.scheduler_output import SchedulerOutput
@@ -17,6 +18,30 @@ from spec.types import (
 from tests.drain import drain_within
 
 SEED_PARAMS = SamplingParams(max_tokens=8, ignore_eos=True)
+
+
+class SeedFigures(NamedTuple):
+    """What a run of the seed's workload in ``seed_config(mode)`` does (ignoring EOS,
+    with prompts of equal length: the same for any prompt tokens and model)."""
+
+    steps: int
+    preemptions_by_mode: dict[str, int]  # the modes used only
+    swap_blocks: tuple[int, int]  # out, in
+    recomputed_tokens: int
+    scheduled_tokens: int
+    sampled_tokens: int
+    kv_utilization: float
+
+
+#: docs/benchmarks.md, "3. The seed's workload" (``python -m bench.seed_workload``), with
+#: the mean utilization of those runs (tokens in cache over the 20 slots, per step).
+SEED_FIGURES = {
+    PreemptionMode.RECOMPUTE: SeedFigures(34, {"recompute": 12}, (0, 0), 81, 177, 64, 0.8),
+    PreemptionMode.RESTART: SeedFigures(57, {"restart": 14}, (0, 0), 105, 201, 113, 29 / 38),
+    PreemptionMode.SWAP: SeedFigures(
+        38, {"swap": 6, "recompute": 1}, (47, 47), 10, 106, 64, 68 / 95
+    ),
+}
 
 
 def seed_prompts() -> list[list[int]]:

@@ -71,3 +71,17 @@ def test_metrics_count_recompute_and_swap(model64: LlamaForCausalLM) -> None:
 def test_empty_metrics() -> None:
     m = EngineMetrics()
     assert m.kv_utilization == 0.0 and m.tokens_per_s == 0.0 and m.num_preemptions == 0
+
+
+def test_kv_utilization_counts_a_shared_block_once(model64: LlamaForCausalLM) -> None:
+    """Four prompts of 33 tokens share their first two blocks of 16: 6 blocks hold them.
+    Each step has 32 shared slots plus 1, 2, 3 of each request's own: 36, 40, 44 of 96
+    (the per-request sum, 132 of 96 at the first step, would read 142 %)."""
+    engine = LLMEngine(SchedulerConfig(num_gpu_blocks=6, enable_prefix_caching=True), model=model64)
+    shared = list(range(1, 33))
+    p = SamplingParams(max_tokens=3, ignore_eos=True)
+    engine.generate([(f"r{i}", [*shared, 40 + i], p) for i in range(4)])
+    m = engine.metrics
+    assert m.steps == 3 and m.peak_gpu_blocks_used == 6
+    assert m.prefix_cache_hits == 3 * 32
+    assert m.kv_utilization == pytest.approx((36 + 40 + 44) / 3 / 96)

@@ -4,13 +4,22 @@ from __future__ import annotations
 
 from impl.prefix_cache import PrefixCachingBlockManager
 from impl.sequence import Sequence
-from spec.types import Request, SamplingParams
+from spec.types import Request, SamplingParams, SchedulerConfig
+from tests.oracles.pool import cache_violations
 
 
 def seq(tokens: list[int], rid: str = "r") -> Sequence:
     return Sequence(
         Request(request_id=rid, prompt_token_ids=tuple(tokens), params=SamplingParams(), arrival=0)
     )
+
+
+def drained_violations(pool: PrefixCachingBlockManager) -> list[str]:
+    """The drained-pool invariant (tests/oracles/pool.py) on a bare pool."""
+    config = SchedulerConfig(
+        num_gpu_blocks=pool.num_blocks, block_size=pool.block_size, enable_prefix_caching=True
+    )
+    return cache_violations(pool, config)
 
 
 def pool_state(pool: PrefixCachingBlockManager) -> object:
@@ -37,6 +46,7 @@ def test_freed_blocks_keep_their_keys_and_are_hit_again() -> None:
     assert admit(pool, a) == 0
     blocks = list(a.block_table)
     pool.free(a.block_table)
+    assert drained_violations(pool) == []
     # The partly filled last block goes to the head, the keyed ones to the tail.
     assert pool.free_queue() == [blocks[2], 3, 4, 5, 6, 7, blocks[1], blocks[0]]
     b = seq([1, 2, 3, 4, 9], "b")
@@ -60,6 +70,7 @@ def test_undo_restores_queue_order_keys_and_counts() -> None:
     first = seq([1, 2, 3, 4, 5, 6, 7])
     admit(pool, first)
     pool.free(first.block_table)
+    assert drained_violations(pool) == []
     before = pool_state(pool)
     pool.begin()
     again = seq([1, 2, 3, 4, 8], "again")
@@ -70,4 +81,4 @@ def test_undo_restores_queue_order_keys_and_counts() -> None:
     assert pool.reclaimed_blocks()
     pool.undo()
     assert pool_state(pool) == before
-    pool.check()
+    assert drained_violations(pool) == []

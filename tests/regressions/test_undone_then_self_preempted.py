@@ -22,6 +22,7 @@ from kvsched.runner import run_workload
 from kvsched.workload import read_workload
 from model import build_tiny_model
 from spec.types import SchedulerConfig, Semantics
+from tests.oracles.pool import engine_pool_violations
 
 WORKLOAD = Path(__file__).parents[1] / "peers" / "repros" / "undone_chunk_keys.jsonl"
 
@@ -44,8 +45,10 @@ def test_an_undone_chunk_before_a_self_preemption_does_not_sample() -> None:
         )
 
     shared = config(16)
-    result = run_workload(LLMEngine(shared, model=model, dtype="float64"), shared, workload)
+    engine = LLMEngine(shared, model=model, dtype="float64")
+    result = run_workload(engine, shared, workload)
     assert result.metrics.preemptions >= 2
+    assert engine_pool_violations(engine.scheduler) == []
     alone = config(64)
     for request, outcome in zip(workload, result.outcomes, strict=True):
         solo = run_workload(

@@ -8,12 +8,23 @@ profile and for caching on too (shared blocks counted once: ``blocks_in_use``,
 evaluated, as written in the docstrings, on every call the spec makes during runs
 Hypothesis draws: each precondition that holds is followed by every postcondition.
 This is sampling, not proof; it checks that no contract is false on reachable states
-of the configurations the symbolic check does not build.
+of the configurations the symbolic check builds rarely or not at all.
+
+Besides the transitions, the helpers that decide *which* request moves are checked at
+every call: the profile's victim (``profile_victim``: each profile's rule), the
+profiles' admission gates, preemption, and the pool's operations (keys, hits,
+release by reference count). Runs draw requests that share a system prompt, in pools
+of a few blocks, so that shared blocks are released in most runs; the tests at the
+end plant a wrong gate, victim, reference count and whole-prompt hit and check that
+the property finds each.
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
+import random
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import replace
@@ -25,6 +36,8 @@ from hypothesis import HealthCheck, event, given, reject, settings
 from hypothesis import strategies as st
 
 import spec.lifecycle
+import spec.prefix_cache
+import spec.profiles
 import spec.scheduler
 from spec import (
     ConfigError,
@@ -34,8 +47,10 @@ from spec import (
     SchedulerConfig,
     init_state,
 )
+from spec.profiles import profile_defaults
 from spec.types import Semantics
 from tests.drain import drain_within
+from tests.oracles.pool import spec_pool_violations
 from tests.stateful.strategies import engine_configs, profile_configs
 
 TRANSITIONS: dict[ModuleType, tuple[str, ...]] = {
@@ -49,8 +64,23 @@ TRANSITIONS: dict[ModuleType, tuple[str, ...]] = {
         "complete_step",
         "step",
         "grow",  # spec.prefix_cache's, as phases A and C call it
+        # the helpers that decide which request moves (issue 25)
+        "profile_victim",
+        "choose_victim",
+        "preempt",
+        "full_sequence_fits",
+        "whole_sequence_admissible",
+        "longest_hit",
     ),
     spec.lifecycle: ("blocks_freed", "abort_request", "add_request"),
+    spec.prefix_cache: (
+        "block_key",
+        "max_hit_blocks",
+        "touch",
+        "take",
+        "release",
+        "release_dropping_keys",
+    ),
 }
 ORACLE = HashOracle(vocab_size=4)  # few token ids: outputs repeat, so prefixes are shared
 
@@ -73,8 +103,10 @@ def _checked(module: ModuleType, name: str, calls: dict[str, int]) -> Callable[.
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         bound = signature.bind(*args, **kwargs)
         bound.apply_defaults()
-        # The caller's module's names, and the defining module's (``grow``'s ``touch``).
-        scope = {**function.__globals__, **vars(module), **bound.arguments}
+        # The caller's module's names, and the defining module's (``grow``'s ``touch``;
+        # a planted copy's contract is its original's, in the original's module).
+        home = vars(sys.modules[function.__module__])
+        scope = {**vars(module), **home, **bound.arguments}
         if not all(eval(pre, scope) for pre in pres):
             return function(*args, **kwargs)  # outside the contract's domain
         result = function(*args, **kwargs)
@@ -104,10 +136,19 @@ ADD = st.tuples(
     st.integers(4, 16),  # max_tokens: decodes that grow past the pool
     st.integers(0, 2),  # priority
 )
+SYSTEM = (1, 2, 3, 0)
+"""A system prompt several requests share: whole blocks for block sizes 1, 2 and 4."""
+ADD_SHARED = st.tuples(
+    st.just("add"),
+    st.lists(st.integers(0, 3), max_size=4).map(lambda own: [*SYSTEM, *own]),
+    st.integers(2, 8),
+    st.integers(0, 2),
+)
 OPS = st.lists(
     st.one_of(
         ADD,
-        ADD,  # adds twice as often: pressure on the pool, so preemptions happen
+        ADD_SHARED,  # adds twice as often: pressure on the pool, so preemptions happen,
+        ADD_SHARED,  # and on one prefix, so shared blocks are released
         st.tuples(st.just("step"), st.just(()), st.just(0), st.just(0)),
         st.tuples(st.just("abort"), st.just(()), st.integers(0, 7), st.just(0)),
     ),
@@ -139,6 +180,7 @@ def _run(
         while spec.lifecycle.has_unfinished_requests(state):
             bound.tick(state)
             state, _ = spec.scheduler.step(state, ORACLE)
+        assert spec_pool_violations(state) == []
 
 
 @st.composite
@@ -197,7 +239,9 @@ def test_the_checker_reaches_every_transition_and_catches_a_false_contract() -> 
     ]
     calls: dict[str, int] = {}
     _run(config, ops, calls)
-    reached = {name for names in TRANSITIONS.values() for name in names} - {"swap_in_requests"}
+    # No swap with caching on; nano-vllm's release is the peer profile test's.
+    unreached = {"swap_in_requests", "release_dropping_keys"}
+    reached = {name for names in TRANSITIONS.values() for name in names} - unreached
     assert reached <= calls.keys(), reached - calls.keys()
     original = spec.scheduler.complete_step
 
@@ -213,3 +257,139 @@ def test_the_checker_reaches_every_transition_and_catches_a_false_contract() -> 
             assert str(error).startswith("complete_step: post:"), error
         else:
             raise AssertionError("a false contract was not reported")
+
+
+# --- planted mistakes: the property must find each ---------------------------------------
+
+SEEDED_RUNS = 24
+
+
+def _seeded_ops(rng: random.Random) -> list[tuple[str, Any, int, int]]:
+    """What ``OPS`` draws, from a seeded generator (the same runs every time)."""
+    ops: list[tuple[str, Any, int, int]] = []
+    for _ in range(rng.randint(8, 30)):
+        kind = rng.choice(("add", "shared", "shared", "step", "step", "abort"))
+        if kind == "add":
+            prompt = [rng.randint(0, 3) for _ in range(rng.randint(4, 12))]
+            ops.append(("add", prompt, rng.randint(4, 16), rng.randint(0, 2)))
+        elif kind == "shared":
+            own = [rng.randint(0, 3) for _ in range(rng.randint(0, 4))]
+            ops.append(("add", [*SYSTEM, *own], rng.randint(2, 8), rng.randint(0, 2)))
+        else:
+            ops.append((kind, (), rng.randint(0, 7), 0))
+    return ops
+
+
+def _seeded_config(rng: random.Random, semantics: Semantics, caching: bool) -> SchedulerConfig:
+    """A small pool (4-12 blocks of 2 or 4) under ``semantics``, with caching on or off;
+    under vllm-v1 the ``priority`` policy on half of the runs."""
+    defaults = profile_defaults(semantics)
+    chunked = defaults.get("enable_chunked_prefill", True)
+    priority = semantics is Semantics.VLLM_V1 and rng.random() < 0.5
+    while True:
+        try:
+            return SchedulerConfig(
+                num_gpu_blocks=rng.randint(4, 12),
+                block_size=rng.choice((2, 4)),
+                max_num_batched_tokens=rng.choice((4, 8, 16)),
+                max_num_seqs=rng.choice((2, 3, 4)),
+                enable_chunked_prefill=chunked,
+                enable_prefix_caching=caching,
+                policy="priority" if priority else "lifo",
+                semantics=semantics,
+            )
+        except ConfigError:  # e.g. vllm-v1's max_model_len beyond the budget
+            continue
+
+
+def _runs_caught(
+    module: ModuleType,
+    name: str,
+    broken: Callable[..., Any],
+    semantics: Semantics,
+    caching: bool,
+) -> int:
+    """How many of ``SEEDED_RUNS`` seeded runs fail a contract with ``module.name``
+    replaced by ``broken`` (which keeps the original's contract)."""
+    original = getattr(module, name)
+    planted = functools.wraps(original)(broken)
+    caught = 0
+    with mock.patch.object(module, name, planted):
+        for seed in range(SEEDED_RUNS):
+            rng = random.Random(seed)
+            config = _seeded_config(rng, semantics, caching)
+            try:
+                _run(config, _seeded_ops(rng), {})
+            except AssertionError:
+                caught += 1
+    return caught
+
+
+def test_a_wrong_full_sequence_gate_fails_under_vllm_v1() -> None:
+    """vllm-v1/full-sequence-admission off by one: admits a sequence one block over."""
+    original = spec.profiles.full_sequence_fits
+
+    def broken(config: Any, request: Any, free: int, **hit: int) -> bool:
+        return bool(original(config, request, free + 1, **hit))
+
+    caught = _runs_caught(spec.scheduler, "full_sequence_fits", broken, Semantics.VLLM_V1, False)
+    assert caught >= 1, f"caught in {caught} of {SEEDED_RUNS} runs"
+
+
+def test_a_gate_that_ignores_the_budget_fails_under_nano_vllm() -> None:
+    """nano-vllm/admission-tests-len-seq testing the blocks only."""
+    original = spec.profiles.whole_sequence_admissible
+
+    def broken(config: Any, request: Any, budget: int, free: int) -> bool:
+        return bool(original(config, request, 10**9, free))
+
+    caught = _runs_caught(
+        spec.scheduler, "whole_sequence_admissible", broken, Semantics.NANO_VLLM, True
+    )
+    assert caught >= 1, f"caught in {caught} of {SEEDED_RUNS} runs"
+
+
+def test_a_wrong_chunk_gate_fails_under_kvsched() -> None:
+    """kvsched's own gate (``prefill_fit``) admitting a chunk one block over the free ones."""
+    original = spec.scheduler.prefill_fit
+
+    def broken(request: Any, config: Any, *, free: int, **rest: int) -> int:
+        return int(original(request, config, free=free + 1, **rest))
+
+    caught = _runs_caught(spec.scheduler, "prefill_fit", broken, Semantics.KVSCHED, False)
+    assert caught >= 1, f"caught in {caught} of {SEEDED_RUNS} runs"
+
+
+def test_a_wrong_victim_fails_under_nano_vllm_and_vllm_v1() -> None:
+    """The last running request as the victim (kvsched's ``lifo``), where nano-vllm takes
+    the next one and vllm-v1 with ``priority`` the latest of all running."""
+
+    def broken(config: Any, policy: Any, running: tuple[Any, ...], i: int) -> int:
+        return len(running) - 1
+
+    nano = _runs_caught(spec.scheduler, "profile_victim", broken, Semantics.NANO_VLLM, True)
+    assert nano >= 1, f"nano-vllm: caught in {nano} of {SEEDED_RUNS} runs"
+    vllm = _runs_caught(spec.scheduler, "profile_victim", broken, Semantics.VLLM_V1, True)
+    assert vllm >= 1, f"vllm-v1: caught in {vllm} of {SEEDED_RUNS} runs"
+
+
+def test_a_shared_block_freed_early_fails_in_most_runs() -> None:
+    """PC6 with a reference count off by one: a block one other request holds is freed.
+    Runs share a system prompt, so this is met in most of them, not one in hundreds."""
+    original = spec.prefix_cache.release
+
+    def broken(cache: Any, block_ids: Any, others: Any) -> Any:
+        return original(cache, block_ids, {b: n - 1 for b, n in others.items() if n > 1})
+
+    caught = _runs_caught(spec.prefix_cache, "release", broken, Semantics.KVSCHED, True)
+    assert caught >= SEEDED_RUNS // 2, f"caught in {caught} of {SEEDED_RUNS} runs"
+
+
+def test_a_whole_prompt_hit_fails() -> None:
+    """PC3: a block-aligned prompt hitting the cache whole (no token left to compute)."""
+
+    def broken(num_tokens: int, block_size: int) -> int:
+        return num_tokens // block_size
+
+    caught = _runs_caught(spec.prefix_cache, "max_hit_blocks", broken, Semantics.KVSCHED, True)
+    assert caught >= 1, f"caught in {caught} of {SEEDED_RUNS} runs"

@@ -17,6 +17,7 @@ from spec.types import (
     SchedulerConfig,
     Semantics,
 )
+from tests.oracles.pool import spec_pool_violations
 
 PARAMS = SamplingParams(max_tokens=4, ignore_eos=True)
 
@@ -78,6 +79,7 @@ def test_a_request_hits_a_running_one_but_not_a_finished_one() -> None:
     # the shared block 0 stays with "b".
     assert state.prefix_cache.free_queue[-1] == 1
     state = spec.abort_request(state, "b")[0]
+    assert spec_pool_violations(state) == []
     assert state.prefix_cache is not None and state.prefix_cache.cached == ()
     state = spec.add_request(state, "c", (1, 2, 3, 4, 7), PARAMS)
     state, plan = spec.step(state, HashOracle(8))

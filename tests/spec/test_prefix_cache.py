@@ -33,6 +33,7 @@ from spec.types import (
     StepPlan,
 )
 from tests.drain import drain_within, workload_bound
+from tests.oracles.pool import spec_pool_violations
 
 
 def oracle(tokens: tuple[int, ...]) -> int:
@@ -62,6 +63,7 @@ def run_until_done(state: SchedulerState) -> SchedulerState:
     while spec.has_unfinished_requests(state):
         bound.tick(state)
         state, _ = checked_step(state)
+    assert spec_pool_violations(state) == []
     return state
 
 
@@ -135,6 +137,7 @@ def test_a_preempted_request_hits_its_own_freed_blocks() -> None:
             request = waiting.get(chunk.request_id)
             if request is not None and request.num_preemptions and chunk.start:
                 hit_own = True
+    assert spec_pool_violations(state) == []
     assert hit_own
 
 
@@ -190,6 +193,7 @@ def test_no_hit_on_a_block_an_undone_chunk_keyed() -> None:
                 (ids[pos], pos) for pos in range(chunk.start, chunk.start + chunk.num_tokens)
             )
         preemptions += len(plan.preempted)
+    assert spec_pool_violations(state) == []
     assert undone >= 1 and preemptions >= 2
 
 

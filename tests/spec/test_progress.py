@@ -23,6 +23,7 @@ from spec import (
 from spec.prefix_cache import longest_hit
 from spec.types import Semantics
 from tests.drain import drain_within
+from tests.oracles.pool import spec_pool_violations
 from tests.spec.helpers import add, checked_step, config, new_state, prompt
 
 
@@ -168,6 +169,7 @@ def judged_shared_prefix_run(cfg: SchedulerConfig, max_tokens: int) -> int:
         state, plan = checked_step(before)
         assert progress_violations(before, plan) == ()
         judged += bool(before.waiting)
+    assert spec_pool_violations(state) == []
     return judged
 
 

@@ -11,6 +11,7 @@ from impl.block_manager import cdiv
 from impl.scheduler import Scheduler
 from spec.profiles import model_len
 from spec.types import FinishedRequest, FinishReason, SchedulerConfig, SchedulerState, StepPlan
+from tests.oracles.pool import engine_pool_violations, spec_pool_violations
 from tests.stateful.failures import InvariantViolation, fail, require
 
 
@@ -84,16 +85,14 @@ def real_self_check(scheduler: Scheduler) -> None:
         raise InvariantViolation("real_self_check", repr(error)) from error
 
 
-def pools_empty_after_drain(scheduler: Scheduler) -> None:
-    gpu, cpu = scheduler.gpu, scheduler.cpu
-    require(
-        not scheduler.has_unfinished_requests()
-        and gpu.num_free_blocks == gpu.num_blocks
-        and cpu.num_free_blocks == cpu.num_blocks,
-        "pools_empty_after_drain",
-        f"GPU free {gpu.num_free_blocks}/{gpu.num_blocks}, CPU free "
-        f"{cpu.num_free_blocks}/{cpu.num_blocks}, {scheduler.num_unfinished_requests} live",
-    )
+def pools_empty_after_drain(state: SchedulerState, scheduler: Scheduler | None) -> None:
+    """The drained-pool invariant (tests/oracles/pool.py) on the spec's state and, where
+    the subject is our scheduler, on its pools: every block free once, nothing
+    referenced, the keys whole and behind the unkeyed blocks in the free queue."""
+    wrong = spec_pool_violations(state)
+    if scheduler is not None:
+        wrong += engine_pool_violations(scheduler)
+    require(not wrong, "pools_empty_after_drain", lambda: "; ".join(wrong))
 
 
 def outputs_match_solo(

@@ -642,19 +642,21 @@ class LockstepMachine(RuleBasedStateMachine):
 
     def check_drained(self) -> None:
         """What must hold once nothing is live: every accepted request finished (or was
-        aborted), our pools are empty, every output is its request's solo output."""
+        aborted), the pools are whole (the spec's, and ours where the subject is our
+        scheduler), every output is its request's solo output, and the side's own checks
+        (``Side.check_drained``)."""
         missing = sorted(
             (a.request_id, arrival)
             for arrival, a in self.accepted.items()
             if arrival not in self.outcomes
         )
         require(not missing, "all_finished", lambda: f"accepted but never finished: {missing}")
-        if self.side.scheduler is not None:
-            checks.pools_empty_after_drain(self.side.scheduler)
+        checks.pools_empty_after_drain(self.lock.state, self.side.scheduler)
         for arrival, finished in sorted(self.outcomes.items()):
             accepted = self.accepted[arrival]
             solo = self.side.solo(accepted.prompt, accepted.params)
             checks.outputs_match_solo(self.config, accepted.prompt, finished, solo)
+        self.side.check_drained()
 
     # --- a differential step ---------------------------------------------------------------
 

@@ -7,7 +7,7 @@ system under test) says what is under test:
 
 - ``start(config, note)``: one example's real side, a ``Side``: the scheduler under test
   in lockstep with the spec (``kvsched.peers.lockstep.Lockstep``), the outputs of a
-  request run alone, its faults and its own per-step checks;
+  request run alone, its faults and its own checks (per step, and once drained);
 - ``configs``: the configurations its examples draw;
 - ``caps``: what it supports (``Capabilities``); the machine's preconditions read them;
 - ``sizes`` (per Hypothesis profile) and ``required`` (the coverage events a ci or
@@ -107,6 +107,10 @@ class Side:
 
     def after_step(self, advance: Advance) -> None:
         """The side's own checks of a step both sides agreed on."""
+
+    def check_drained(self) -> None:
+        """The side's own checks once nothing is live (the engine's: every metric
+        against the spec's trace)."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -12,6 +12,10 @@ after preemption, a wrong swap copy, a block reused while live, a rollback that 
 not restore the K/V it should). With prefix caching a hit attends over K/V another
 request wrote, so a stale key changes a token.
 
+Metrics: each step's counters against its plan (``metrics_match_plans``), and once
+drained every metric against its recomputation from the spec's trace (``metric_<name>``,
+tests/oracles/metrics.py).
+
 Faults: the next forward raises (before, or after it wrote K/V into the cache), or the
 next swap-out / swap-in copy raises. The engine must roll the step back: ``observe()``,
 the metrics and the live (and cached) K/V unchanged, the spec not advanced; the next
@@ -36,6 +40,7 @@ from kvsched.peers.ours import EngineAdapter
 from model import LlamaForCausalLM, build_tiny_model
 from spec.oracle import HashOracle
 from spec.types import PreemptionMode, SamplingParams, SchedulerConfig, Semantics
+from tests.oracles.metrics import MetricTrace, TraceStep, engine_mismatches
 from tests.stateful.coverage import PREFIX_REQUIRED_EVENTS, REQUIRED_EVENTS
 from tests.stateful.failures import InjectedFault, fail, require
 from tests.stateful.sizes import Size, Sizes
@@ -134,7 +139,7 @@ class EngineSide(Side):
         self.armed: dict[str, bool] = {}
         self.preemptions_by_mode: Counter[PreemptionMode] = Counter()
         self.num_sampled = 0
-        self.hit_tokens = 0
+        self.metric_trace = MetricTrace(config)
         runner, cache = engine.model_runner, engine.cache_engine
         execute, swap_out, swap_in = runner.execute, cache.swap_out, cache.swap_in
 
@@ -245,25 +250,25 @@ class EngineSide(Side):
                 )
         self.preemptions_by_mode.update(p.mode for p in plan.preempted)
         self.num_sampled += len(plan.sampled)
-        waiting = {r.request_id for r in advance.before.waiting}
-        self.hit_tokens += sum(
-            start
-            for rid, start in zip(plan.scheduled_ids, plan.num_computed_tokens, strict=True)
-            if rid in waiting
-        )
         metrics = self.engine.metrics
         require(
             metrics.steps == plan.step + 1
             and all(metrics.preemptions[m] == self.preemptions_by_mode[m] for m in PreemptionMode)
-            and metrics.generated_tokens == self.num_sampled
-            and metrics.prefix_cache_hits == self.hit_tokens,
+            and metrics.generated_tokens == self.num_sampled,
             "metrics_match_plans",
             lambda: (
                 f"metrics {metrics} after step {plan.step}, plans preempted "
-                f"{dict(self.preemptions_by_mode)}, sampled {self.num_sampled} and hit "
-                f"{self.hit_tokens} tokens"
+                f"{dict(self.preemptions_by_mode)} and sampled {self.num_sampled}"
             ),
         )
+        self.metric_trace.add(TraceStep(advance.before, mid, plan))
+
+    def check_drained(self) -> None:
+        """Every metric against its recomputation from the spec's trace, each failing
+        as ``metric_<name>`` (tests/oracles/metrics.py): the figures ``kvsched run``
+        reports, under every preemption mode and with caching."""
+        for invariant, message in engine_mismatches(self.metric_trace, self.engine.metrics):
+            fail(invariant, message)
 
 
 @dataclass(frozen=True, kw_only=True)
