@@ -18,8 +18,10 @@ from bench import (
     preemption_cost,
     prefix_caching,
     profile_step,
+    queue_scaling,
     scheduler_overhead,
     seed_workload,
+    startup,
     throughput,
 )
 
@@ -34,6 +36,8 @@ SCRIPTS: list[tuple[str, Main, list[str], list[str]]] = [
     ("throughput", throughput.main, [], ["--repeats", "2"]),
     ("prefix_caching", prefix_caching.main, [], []),
     ("profile_step", profile_step.main, [], []),
+    ("queue_scaling", queue_scaling.main, [], ["--repeats", "2"]),
+    ("startup", startup.main, [], []),
 ]
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
-from impl.engine import available_cpus
 from kvsched.distributions import DistributionSyntaxError, IntDistribution, parse_distribution
 
 
@@ -43,8 +42,12 @@ def torch_seed(text: str) -> int:
 
 
 def thread_count(text: str) -> int:
-    cpus = available_cpus()
+    """1 to the CPUs usable, as the engine counts them (``impl.engine``, which imports
+    torch: so ``--threads`` is the one option whose check waits for torch)."""
     value = _int(text)
+    from impl.engine import available_cpus  # noqa: PLC0415  (see above)
+
+    cpus = available_cpus()
     if not 1 <= value <= cpus:
         raise argparse.ArgumentTypeError(
             f"must be an integer in 1..{cpus} (the CPUs this process may use), got {text!r}"

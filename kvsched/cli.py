@@ -5,59 +5,48 @@ their answers): the workload file, the options, the output paths (``-o``,
 ``--plot``), the checkpoint, and the KV pools against the memory free. Results are
 printed before ``--plot`` is drawn, so a failure there cannot lose a finished run.
 
+Start-up: this module imports neither torch nor matplotlib. ``--version``,
+``--help``, a usage error, ``workload`` and every check of ``run``'s and
+``conform``'s inputs that needs no model answer without them; ``kvsched.commands``
+(the commands that run a model) is imported only once those checks have passed.
+
 Exit codes: 0 success; 2 bad input to the command line itself (options, workload
-file, output path, checkpoint, device), reported as one line on stderr without a
-traceback (bare ``kvsched`` prints the list of commands, also with 2); 1
-``conform`` found a divergence, or the engine raised one of the project's typed
-errors on good input (it failed to drain, sampled the wrong tokens ...), also one
-line. Only the project's typed errors and ``OSError`` are caught here: anything else
-is a bug and tracebacks.
+file, output path, checkpoint, device, a KV cache that cannot be allocated), reported
+as one line on stderr without a traceback (bare ``kvsched`` prints the list of
+commands, also with 2); 1 ``conform`` found a divergence, or the engine raised one of
+the project's typed errors on good input (it failed to drain, sampled the wrong
+tokens ...), also one line; 130 / 143 a SIGINT / SIGTERM stopped it
+(``kvsched.interrupt``); 141 stdout was a pipe closed early (``| head``), silently.
+Only the project's typed errors and ``OSError`` are caught here: anything else is a
+bug and tracebacks. Everything printed from the input is escaped (``kvsched.text``).
 """
 
 from __future__ import annotations
 
 import argparse
 import io
-import shlex
+import os
+import signal
 import sys
 from collections.abc import Sequence
-from importlib.metadata import PackageNotFoundError, version
-from pathlib import Path
 from typing import NoReturn
 
-from kvsched import argtypes, conform, demo, engine_options, report
-from kvsched.engine_protocol import Engine
+from kvsched import argtypes, engine_options
 from kvsched.errors import CLIInputError
-from kvsched.peers import (
-    PEERS,
-    PROFILES,
-    SchedulerUnderTest,
-    common_eos,
-    make_peer,
-    peer_python,
-    peer_version,
-    registry,
-    repro,
-)
-from kvsched.peers.lockstep import describe_states
-from kvsched.peers.ours import EngineAdapter
-from kvsched.peers.registry import PeerVersion
-from kvsched.peers.remote import RemotePeer
-from kvsched.peers.server import run_script
-from kvsched.plot import PLOT_FORMATS, plot_timeline
-from kvsched.progress import PROG, CommandProgress, notice, wanted, warn
-from kvsched.runner import run_reference, run_workload
-from kvsched.summary import render_summary
+from kvsched.files import check_output_path, replacing, writing_stdout
+from kvsched.interrupt import Interrupted, Signals, exit_code, handled, signal_name
+from kvsched.peers import PEERS, PROFILES
+from kvsched.plot import PLOT_FORMATS
+from kvsched.progress import PROG, CommandProgress, notice, wanted
+from kvsched.text import one_line
 from kvsched.workload import (
     MAX_ARRIVAL_STEP,
     GeneratorSettings,
-    WorkloadRequest,
     dump_workload,
     generate_workload,
     read_workload,
 )
-from model import LlamaForCausalLM
-from spec.types import ConfigError, KVSchedError, PreemptionMode, SchedulerConfig
+from spec.types import ConfigError, KVSchedError, Semantics
 
 # What ``kvsched workload`` may write: enough for any benchmark here, small enough to
 # finish in seconds rather than fill the disk.
@@ -78,10 +67,30 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version  # noqa: PLC0415  (slow)
+
     try:
         return version("kvsched")
     except PackageNotFoundError:  # run from a source tree that was never installed
         return "unknown (not installed)"
+
+
+class _VersionAction(argparse.Action):
+    """``--version``: the installed version, looked up only when asked for (reading the
+    installed packages' metadata takes a while on a large environment)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: object) -> None:
+        super().__init__(option_strings, dest, nargs=0, help="show the version and exit")
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: object,
+        option_string: str | None = None,
+    ) -> None:
+        print(f"{parser.prog} {_version()}")
+        parser.exit()
 
 
 def _quiet_option() -> OneLineParser:
@@ -236,7 +245,7 @@ def build_parser() -> OneLineParser:
         description="A formally specified LLM-inference scheduler with differential testing.",
         epilog="Start with 'kvsched demo'; 'kvsched COMMAND --help' for a command's options.",
     )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    parser.add_argument("--version", action=_VersionAction)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     demo_parser = sub.add_parser(
         "demo",
@@ -256,33 +265,7 @@ def build_parser() -> OneLineParser:
 # --- handlers -------------------------------------------------------------------------
 
 
-def check_output_path(option: str, path: str, *, formats: Sequence[str] | None = None) -> None:
-    """Refuse an output file that cannot be written, before any work is done."""
-    target = Path(path)
-    if formats is not None and target.suffix.lower().lstrip(".") not in formats:
-        known = ", ".join("." + f for f in formats)
-        raise CLIInputError(
-            f"{option} {path}: unsupported file type {target.suffix!r} (use {known})"
-        )
-    parent = target.parent
-    if not parent.is_dir():
-        what = "is not a directory" if parent.exists() else "does not exist"
-        raise CLIInputError(f"{option} {path}: directory {parent} {what}")
-    if target.is_dir():
-        raise CLIInputError(f"{option} {path}: is a directory")
-    # Opening it is the one test that holds for root, read-only mounts and full quotas
-    # alike; a file created only for the test is removed again.
-    existed = target.exists()
-    try:
-        with open(target, "ab"):
-            pass
-    except OSError as e:
-        raise CLIInputError(f"{option} {path}: cannot be written: {e.strerror}") from None
-    if not existed:
-        target.unlink()
-
-
-def cmd_workload(args: argparse.Namespace) -> int:
+def cmd_workload(args: argparse.Namespace, signals: Signals) -> int:
     if args.num_requests > MAX_GENERATED_REQUESTS:
         raise CLIInputError(
             f"--num-requests {args.num_requests}: at most {MAX_GENERATED_REQUESTS:,} requests"
@@ -333,150 +316,64 @@ def cmd_workload(args: argparse.Namespace) -> int:
     with bar:
         requests = generate_workload(settings, on_progress=lambda k: bar.update(0, k))
         if args.output is None:
-            dump_workload(requests, sys.stdout)
+            with writing_stdout() as out:
+                dump_workload(requests, out)
         else:
-            with open(args.output, "w", encoding="utf-8") as f:
-                dump_workload(requests, f, on_progress=lambda k: bar.update(0, n + k))
+            with replacing("-o", args.output) as f:
+                text = io.TextIOWrapper(f, encoding="utf-8")
+                dump_workload(requests, text, on_progress=lambda k: bar.update(0, n + k))
+                text.detach()  # flushed into f, which ``replacing`` completes
     if args.output is not None:
         notice(f"wrote {args.output} ({len(requests)} requests)", quiet=args.quiet)
     return 0
 
 
-def _read_inputs(
-    args: argparse.Namespace,
-) -> tuple[list[WorkloadRequest], SchedulerConfig, LlamaForCausalLM]:
-    """The workload, the config and the model, checked in that order (cheapest first).
-
-    Then the KV pools against the memory free, and a swap mode that cannot swap is
-    warned about (once: ``--reference`` builds an engine per request).
-    """
-    workload = read_workload(args.workload)
-    config = engine_options.scheduler_config(args)
-    model = engine_options.load_model(args)
-    if not getattr(args, "reference", False):
-        engine_options.check_kv_fits(config, model)
-    if config.preemption_mode is PreemptionMode.SWAP and config.num_cpu_blocks == 0:
-        warn(
-            "--preemption-mode swap with --num-cpu-blocks 0: there is no CPU pool, so "
-            "every preemption falls back to recompute"
-        )
-    return workload, config, model
-
-
-def cmd_run(args: argparse.Namespace) -> int:
+def cmd_run(args: argparse.Namespace, signals: Signals) -> int:
     if args.plot is not None:
         if args.reference:
             raise CLIInputError("--plot draws a shared run's timeline; not with --reference")
         check_output_path("--plot", args.plot, formats=PLOT_FORMATS)
-    workload, config, model = _read_inputs(args)
+    workload = read_workload(args.workload)
+    config = engine_options.scheduler_config(args)
+    from kvsched import commands  # noqa: PLC0415  (torch: only once the inputs are checked)
 
-    def factory(c: SchedulerConfig) -> Engine:
-        return engine_options.make_engine(c, args, model)
-
-    enabled = wanted(quiet=args.quiet)
-    label = "kvsched run --reference" if args.reference else "kvsched run"
-    with CommandProgress(label, len(workload), enabled=enabled) as bar:
-        if args.reference:
-            max_blocks = engine_options.kv_blocks_that_fit(model, config.block_size)
-            result = run_reference(
-                factory, config, workload, on_step=bar.update, max_blocks=max_blocks
-            )
-        else:
-            result = run_workload(factory(config), config, workload, on_step=bar.update)
-    # The results first: a plot that fails to draw must not lose them.
-    if args.json:
-        print(report.dumps(result), flush=True)
-    else:
-        print(render_summary(result, title="reference" if args.reference else "run"), flush=True)
-    if args.plot is not None:
-        plot_timeline(result, args.plot, title=f"kvsched run {Path(args.workload).name}")
-        notice(f"wrote {args.plot} (KV timeline, {result.metrics.steps} steps)", quiet=args.quiet)
-    return 0
+    return commands.run(args, signals, workload, config)
 
 
-def cmd_conform(args: argparse.Namespace) -> int:
-    peer: SchedulerUnderTest
-    version: PeerVersion | None = None
-    eos: int | None = None
+def check_semantics(engine: str, semantics: str | None) -> None:
+    """Refuse a peer held to another peer's profile: its own rules would read as bugs.
+
+    A peer may be held to its own profile (the default) or to the spec's own rules
+    (``kvsched``: where it differs from them); our engine implements every profile.
+    """
+    own = PROFILES[engine]
+    if engine == "kvsched" or semantics in (None, Semantics.KVSCHED.value, own.value):
+        return
+    raise CLIInputError(
+        f"--engine {engine} --semantics {semantics}: {engine}'s scheduler follows the "
+        f"{own} rules, so where the {semantics} profile differs from them it would report "
+        f"a divergence that is no bug; use --semantics {own} (the default with --engine "
+        f"{engine}) or --semantics kvsched (the spec's own rules)"
+    )
+
+
+def cmd_conform(args: argparse.Namespace, signals: Signals) -> int:
+    check_semantics(args.engine, args.semantics)
     if args.emit_repro is not None:
         if args.engine == "kvsched":
             raise CLIInputError("--emit-repro writes a script that drives a peer; use --engine")
         check_output_path("--emit-repro", args.emit_repro, formats=("py",))
-    if args.engine == "kvsched":
-        workload, config, model = _read_inputs(args)
-        peer = EngineAdapter(engine_options.make_engine(config, args, model))
-    else:
-        workload = read_workload(args.workload)
-        config = engine_options.scheduler_config(args, PROFILES[args.engine])
-        if args.engine == "nano-vllm":
-            eos = common_eos(r.params for r in workload)
-        peer = make_peer(
-            args.engine,
-            config,
-            eos_token_id=eos,
-            python=peer_python(args.engine, args.peer_python),
-        )
-        version = peer_version(args.engine, peer)
-        if not version.tested:
-            tested = ", ".join(registry.entry(args.engine).tested)
-            warn(f"{args.engine}: {version} is not a version it was tested on ({tested})")
-    with CommandProgress("kvsched conform", len(workload), enabled=wanted(quiet=args.quiet)) as bar:
-        result = conform.conform(
-            peer, config, workload, oracle_vocab=args.oracle_vocab, on_step=bar.update
-        )
-    print(conform.render(result, config, args.engine, version=version))
-    if args.show_states and result.divergence is not None:
-        print(describe_states(result.divergence))
-    if args.emit_repro is not None:
-        _emit_repro(
-            args, peer, config=config, workload=workload, result=result, version=version, eos=eos
-        )
-    return 0 if result.ok else 1
+    workload = read_workload(args.workload)
+    config = engine_options.scheduler_config(args, PROFILES[args.engine])
+    from kvsched import commands  # noqa: PLC0415  (torch: only once the inputs are checked)
+
+    return commands.conform(args, signals, workload, config)
 
 
-def _emit_repro(
-    args: argparse.Namespace,
-    peer: SchedulerUnderTest,
-    *,
-    config: SchedulerConfig,
-    workload: list[WorkloadRequest],
-    result: conform.ConformReport,
-    version: PeerVersion | None,
-    eos: int | None,
-) -> None:
-    if result.divergence is None:
-        notice(f"--emit-repro {args.emit_repro}: no divergence, nothing written", quiet=args.quiet)
-        return
-    # Shrinking runs the script where the peer ran: a peer elsewhere, in its process.
-    run = peer.process.run_script if isinstance(peer, RemotePeer) else run_script
-    kept, check, last = repro.emit(
-        args.emit_repro,
-        args.engine,
-        config,
-        workload,
-        result.divergence,
-        run=run,
-        version=version,
-        oracle_vocab=args.oracle_vocab,
-        eos=eos,
-        command="kvsched " + " ".join(shlex.quote(a) for a in args.argv),
-    )
-    notice(
-        f"wrote {args.emit_repro} ({kept} of {len(workload)} requests; checks {check}): {last}",
-        quiet=args.quiet,
-    )
+def cmd_demo(args: argparse.Namespace, signals: Signals) -> int:
+    from kvsched import commands  # noqa: PLC0415  (torch: the demo runs a model)
 
-
-def cmd_demo(args: argparse.Namespace) -> int:
-    # Printed at the end: the bar and the demo's own table must not interleave.
-    out = io.StringIO()
-    enabled = wanted(quiet=args.quiet)
-    with CommandProgress(
-        "kvsched demo", demo.NUM_STAGES, enabled=enabled, unit="runs", show_steps=False
-    ) as bar:
-        demo.main(out, threads=args.threads, on_stage=lambda k: bar.update(0, k))
-    sys.stdout.write(out.getvalue())
-    return 0
+    return commands.demo(args)
 
 
 def _describe_os_error(e: OSError) -> str:
@@ -485,7 +382,40 @@ def _describe_os_error(e: OSError) -> str:
     return str(e)
 
 
+def _fail(message: str) -> None:
+    print(f"{PROG}: {one_line(message)}", file=sys.stderr, flush=True)
+
+
+def _tolerant_streams() -> None:
+    """Output that no encoding can hold is escaped, not an error after the run."""
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, io.TextIOWrapper):
+            stream.reconfigure(errors="backslashreplace")
+
+
+def _silence_stdout() -> None:
+    """After a broken pipe: the interpreter's last flush must not fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, io.UnsupportedOperation):
+        pass
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    _tolerant_streams()
+    with handled() as signals:
+        try:
+            return _main(argv, signals)
+        except Interrupted as e:
+            _fail(f"interrupted by {signal_name(e.signum)} (nothing written)")
+            return e.exit_code
+        except KeyboardInterrupt:  # where no handler could be installed (not the main thread)
+            _fail("interrupted (nothing written)")
+            return exit_code(signal.SIGINT)
+
+
+def _main(argv: Sequence[str] | None, signals: Signals) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
@@ -496,15 +426,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return 2
     try:
-        code: int = args.handler(args)
+        code: int = args.handler(args, signals)
     except (CLIInputError, ConfigError) as e:
-        print(f"{PROG}: {e}", file=sys.stderr)
+        _fail(str(e))
         return 2
+    except BrokenPipeError:  # ``kvsched ... | head``: the reader has all it wanted
+        _silence_stdout()
+        return exit_code(signal.SIGPIPE)
     except OSError as e:
-        print(f"{PROG}: {_describe_os_error(e)}", file=sys.stderr)
+        _fail(_describe_os_error(e))
         return 2
     except KVSchedError as e:  # the engine failed on good input: a bug, not bad input
-        print(f"{PROG}: error: {type(e).__name__}: {e}", file=sys.stderr)
+        _fail(f"error: {type(e).__name__}: {e}")
         return 1
     return code
 

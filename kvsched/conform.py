@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from kvsched.drive import StepCallback
+from kvsched.drive import StepCallback, admission_window
 from kvsched.peers.known import classify
 from kvsched.peers.lockstep import LockstepReport, run_workload
 from kvsched.peers.protocol import SchedulerUnderTest
@@ -33,7 +33,11 @@ def conform(
     max_steps: int | None = None,
     on_step: StepCallback | None = None,
 ) -> ConformReport:
-    """Run ``workload`` through ``peer`` and the spec in lockstep; stop at a divergence."""
+    """Run ``workload`` through ``peer`` and the spec in lockstep; stop at a divergence.
+
+    Arrivals are admitted lazily where the policy allows it (``admission_window``): the
+    spec's state is immutable tuples, so a long waiting queue would cost every step.
+    """
     return run_workload(
         peer,
         config,
@@ -41,7 +45,24 @@ def conform(
         HashOracle(vocab_size=oracle_vocab),
         max_steps=max_steps,
         on_step=on_step,
+        window=admission_window(config),
     )
+
+
+def setup(
+    config: SchedulerConfig, engine: str = "kvsched", version: PeerVersion | None = None
+) -> str:
+    """What the verdict was reached under: ``vllm, policy lifo, recompute mode``; for a
+    peer, the ``version`` that ran (and where, when not in this process)."""
+    text = f"policy {config.policy}, {config.preemption_mode} mode"
+    if engine == "kvsched":
+        return text
+    ran = engine
+    if version is not None and version.version is not None:
+        ran = f"{engine}: {version.distribution} {version.version}"
+        if version.python != sys.executable:
+            ran = f"{ran} in {version.python}"
+    return f"{ran}, {text}"
 
 
 def render(
@@ -51,23 +72,17 @@ def render(
     *,
     version: PeerVersion | None = None,
 ) -> str:
-    """The one-line verdict; for a peer it names the ``version`` that ran (and where, when
-    not in this process), and a known peer bug the divergence is the signature of."""
-    setup = f"policy {config.policy}, {config.preemption_mode} mode"
-    if engine != "kvsched":
-        ran = engine
-        if version is not None and version.version is not None:
-            ran = f"{engine}: {version.distribution} {version.version}"
-            if version.python != sys.executable:
-                ran = f"{ran} in {version.python}"
-        setup = f"{ran}, {setup}"
+    """The one-line verdict, under ``setup``'s line, and a known peer bug the divergence
+    is the signature of."""
+    setup_text = setup(config, engine, version)
     if report.divergence is None:
         return (
             f"conform: ok: spec and engine agree at all {report.steps} steps "
             f"({report.num_requests} requests, {report.num_rejected} rejected, "
-            f"{report.preemptions} preemption{'' if report.preemptions == 1 else 's'}; {setup})"
+            f"{report.preemptions} preemption{'' if report.preemptions == 1 else 's'}; "
+            f"{setup_text})"
         )
-    verdict = f"conform: DIVERGED at {report.divergence} ({setup})"
+    verdict = f"conform: DIVERGED at {report.divergence} ({setup_text})"
     bug = classify(engine, report.divergence, version=None if version is None else version.version)
     if bug is None:
         return verdict

@@ -9,13 +9,21 @@ on. A rejected request's error reads ``ErrorType: message``; a duplicate id also
 the workload line of the live request it collides with (R4: an id may be reused once
 its request has finished, so two served requests can share an id; the ``line`` of each
 outcome tells them apart).
+
+Per-step cost does not grow with the waiting queue. The state is not observed (that
+walks every live request): ``--plot``'s timeline reads the scheduler's counters, and
+a stopped run observes once, at the end. Arrivals can be admitted lazily
+(``Arrivals``, ``admission_window``): under a policy that serves the stored order, a
+step reads only the first few waiting requests (one more than it can admit: no more
+than the seats, the free blocks, the token budget), so the rest may wait outside the
+engine (and the spec) without changing one decision.
 """
 
 from __future__ import annotations
 
 import time
-from collections import Counter
-from collections.abc import Callable, Sequence
+from collections import Counter, deque
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from kvsched.engine_protocol import Engine
@@ -24,11 +32,13 @@ from kvsched.results import RequestOutcome, StepSample
 from kvsched.workload import WorkloadRequest
 from spec.kv import cdiv
 from spec.policies import POLICIES, stored_order
+from spec.profiles import running_capped
 from spec.types import (
     DuplicateRequestError,
     FinishedRequest,
     InvalidRequestError,
-    SchedulerState,
+    RequestState,
+    SchedulerConfig,
     StepPlan,
 )
 
@@ -45,6 +55,7 @@ class Drive:
     preemptions_by_mode: Counter[str] = field(default_factory=Counter)
     tokens_sampled: int = 0
     elapsed_s: float = 0.0
+    stopped: str | None = None  # why ``stop`` ended it before the workload drained
 
     @property
     def preemptions(self) -> int:
@@ -65,6 +76,110 @@ def step_bound(workload: Sequence[WorkloadRequest]) -> int:
     return last + 1 + 4 * len(workload) * (longest + 2) + 100
 
 
+Window = Callable[[int, int], int]  # (running, free GPU blocks) -> waiting requests read
+
+
+def admission_window(config: SchedulerConfig) -> Window | None:
+    """How many waiting requests the next step can read, or ``None`` if it may read all.
+
+    Phase C (R8) walks the waiting queue in the policy's order and stops at the first
+    request that does not fit; phases A and B never read it. Each request it admits
+    takes a seat (``max_num_seqs`` less the running ones, or ``max_num_seqs`` per step
+    under nano-vllm), at least one token of the budget and at least one free GPU
+    block (a cache hit covers whole blocks only, and the chunk has a token more), and
+    phase A only takes blocks before it. So with ``r`` running and ``f`` free blocks
+    before the step, it admits at most ``min(seats, f, max_num_batched_tokens)``; one
+    more is handed in, so that the waiting head after the step (what ``--plot`` shows)
+    is the one an eager run would have. Under a policy that serves the stored order
+    (``lifo``, ``fewest-outputs``, ``reserve``) the requests behind those never change
+    a step. A policy that reorders (``priority``) may serve any of them next: ``None``.
+    tests/cli/test_arrivals.py holds lazy runs to eager ones.
+    """
+    policy = POLICIES.get(config.policy)
+    if policy is None or policy.order_waiting is not stored_order:
+        return None
+    capped = running_capped(config)
+
+    def window(num_running: int, num_free_blocks: int) -> int:
+        seats = config.max_num_seqs - (num_running if capped else 0)
+        return max(0, min(seats, num_free_blocks, config.max_num_batched_tokens)) + 1
+
+    return window
+
+
+class Arrivals:
+    """The workload in arrival order, handed to the scheduler when due (``due``).
+
+    Eager (``room=None``): each request at its ``arrival_step``. Lazy: an arrived
+    request waits here, in order, while ``room()`` (the waiting requests the next
+    step can read, less those the scheduler holds: ``admission_window``) is not
+    positive; no decision changes, and a step's cost does not grow with the queue.
+
+    R4 judges a duplicate id against the requests live when it arrives, so a lazy
+    arrival whose id is live in the scheduler is handed out at once (to be refused as
+    it would be), and one whose id is still held here first releases everything held
+    (in order) ahead of it. ``live`` maps each id handed out and accepted
+    (``accepted``) to its workload index until it finishes (``finished``).
+    """
+
+    def __init__(
+        self, workload: Sequence[WorkloadRequest], *, room: Callable[[], int] | None = None
+    ) -> None:
+        self._workload = workload
+        self._order = sorted(range(len(workload)), key=lambda i: workload[i].arrival_step)
+        self._next = 0
+        self._held: deque[int] = deque()
+        self._held_ids: Counter[str] = Counter()
+        self._room = room
+        self.live: dict[str, int] = {}
+
+    @property
+    def exhausted(self) -> bool:
+        """Every request has been handed out."""
+        return self._next >= len(self._order) and not self._held
+
+    def _release(self) -> int:
+        i = self._held.popleft()
+        rid = self._workload[i].request_id
+        self._held_ids[rid] -= 1
+        if not self._held_ids[rid]:
+            del self._held_ids[rid]
+        return i
+
+    def due(self, step: int) -> Iterator[int]:
+        """The workload indices to add before step ``step``, in order.
+
+        A generator: the caller adds each (and calls ``accepted`` if the scheduler took
+        it) before the next is chosen, so the window sees the queue as it is.
+        """
+        workload = self._workload
+        while (
+            self._next < len(self._order) and workload[self._order[self._next]].arrival_step <= step
+        ):
+            i = self._order[self._next]
+            self._next += 1
+            rid = workload[i].request_id
+            if rid in self._held_ids:
+                while self._held:
+                    yield self._release()
+                yield i
+            elif self._room is None or rid in self.live:
+                yield i
+            else:
+                self._held.append(i)
+                self._held_ids[rid] += 1
+        if self._room is not None:
+            while self._held and self._room() > 0:
+                yield self._release()
+
+    def accepted(self, i: int) -> None:
+        self.live[self._workload[i].request_id] = i
+
+    def finished(self, request_id: str) -> int:
+        """The workload index of the live request ``request_id``, which has finished."""
+        return self.live.pop(request_id)
+
+
 def outcome_of(finished: FinishedRequest, line: int | None = None) -> RequestOutcome:
     return RequestOutcome(
         request_id=finished.request_id,
@@ -75,22 +190,92 @@ def outcome_of(finished: FinishedRequest, line: int | None = None) -> RequestOut
     )
 
 
-def head_blocks_needed(state: SchedulerState) -> int | None:
-    """Blocks the waiting head's prefill chunk needs, when requests wait and blocks are free.
+def unfinished_outcome(
+    request: WorkloadRequest, state: RequestState | None, *, waiting: bool
+) -> RequestOutcome:
+    """A request a stopped run left unfinished: partial if it was admitted (running or
+    swapped) or waits with outputs kept, not started otherwise (``state`` None: never
+    handed to the engine)."""
+    output = () if state is None else tuple(state.output_token_ids)
+    return RequestOutcome(
+        request_id=request.request_id,
+        output=output,
+        finish_reason=None,
+        num_preemptions=0 if state is None else state.num_preemptions,
+        line=request.line,
+        started=state is not None and (not waiting or bool(output)),
+    )
 
-    The head in the policy's order (R9); its chunk is its whole prompt plus kept
-    outputs, cut to the token budget under chunked prefill (R8 step 2; the running
-    requests' decodes may shrink the budget further, so this is an upper bound then).
+
+def head_blocks_needed(config: SchedulerConfig, num_tokens: int) -> int:
+    """Blocks the waiting head's prefill chunk needs, its tokens being ``num_tokens``.
+
+    Its whole prompt plus kept outputs, cut to the token budget under chunked prefill
+    (R8 step 2; the running requests' decodes may shrink the budget further, so this
+    is an upper bound then).
     """
-    if not state.waiting or state.num_free_gpu_blocks == 0:
-        return None
-    config = state.config
-    policy = POLICIES.get(config.policy)
-    order = policy.order_waiting if policy is not None else stored_order
-    n = order(state.waiting)[0].num_tokens
+    n = num_tokens
     if config.enable_chunked_prefill:
         n = min(n, config.max_num_batched_tokens)
     return cdiv(n, config.block_size)
+
+
+def sample(engine: Engine, plan: StepPlan) -> StepSample:
+    """The engine's state after ``plan``, from the scheduler's counters (O(1)).
+
+    The head is the next in the policy's order (R9), counted only when requests wait
+    while GPU blocks are free.
+    """
+    scheduler = engine.scheduler
+    config = scheduler.config
+    free = scheduler.gpu.num_free_blocks
+    waiting = scheduler.waiting
+    head = None
+    if len(waiting) and free:
+        head = head_blocks_needed(config, waiting.peek().num_tokens)
+    return StepSample(
+        step=plan.step,
+        gpu_blocks_used=config.num_gpu_blocks - free,
+        num_running=len(scheduler.running),
+        num_waiting=len(waiting),
+        num_swapped=len(scheduler.swapped),
+        num_preempted=len(plan.preempted),
+        preempted_modes=tuple(str(p.mode) for p in plan.preempted),
+        head_blocks_needed=head,
+    )
+
+
+def _engine_room(engine: Engine, window: Window) -> Callable[[], int]:
+    """The waiting requests ``engine``'s next step can read beyond those it holds."""
+    scheduler = engine.scheduler
+
+    def room() -> int:
+        reads = window(len(scheduler.running), scheduler.gpu.num_free_blocks)
+        return reads - len(scheduler.waiting)
+
+    return room
+
+
+def _stopped_outcomes(
+    engine: Engine,
+    workload: Sequence[WorkloadRequest],
+    outcomes: list[RequestOutcome | None],
+    arrivals: Arrivals,
+) -> list[RequestOutcome]:
+    """Every request's outcome when the run stopped early (one ``observe``)."""
+    state = engine.observe()
+    waiting = {r.request_id: r for r in state.waiting}
+    admitted = {r.request_id: r for r in (*state.running, *state.swapped)}
+    done: list[RequestOutcome] = []
+    for i, outcome in enumerate(outcomes):
+        if outcome is not None:
+            done.append(outcome)
+            continue
+        rid = workload[i].request_id
+        given = arrivals.live.get(rid) == i  # handed to the engine (and not finished)
+        found = (admitted.get(rid) or waiting.get(rid)) if given else None
+        done.append(unfinished_outcome(workload[i], found, waiting=rid not in admitted))
+    return done
 
 
 def drive(
@@ -98,36 +283,44 @@ def drive(
     workload: Sequence[WorkloadRequest],
     *,
     on_step: StepCallback | None = None,
-    record_timeline: bool = True,
+    record_timeline: bool = False,
     max_steps: int | None = None,
+    window: Window | None = None,
+    stop: Callable[[], str | None] | None = None,
 ) -> Drive:
+    """Run ``workload`` through ``engine``; ``window``: lazy arrivals (``Arrivals``,
+    ``admission_window``).
+
+    ``stop`` is read before each step: once it gives a reason (``"SIGINT"``) the drive
+    ends there, with every request unfinished at that point reported partial or not
+    started.
+    """
     n = len(workload)
-    order = sorted(range(n), key=lambda i: workload[i].arrival_step)
+    arrivals = Arrivals(workload, room=None if window is None else _engine_room(engine, window))
     outcomes: list[RequestOutcome | None] = [None] * n
-    live: dict[str, int] = {}  # request id -> workload index of the live request
     result = Drive(outcomes=[])
     bound = step_bound(workload) if max_steps is None else max_steps
     done = 0
-    nxt = 0
     start = time.perf_counter()
     while True:
-        while nxt < n and workload[order[nxt]].arrival_step <= result.steps:
-            i = order[nxt]
-            nxt += 1
+        result.stopped = None if stop is None else stop()
+        if result.stopped is not None:
+            break
+        for i in arrivals.due(result.steps):
             r = workload[i]
             try:
-                engine.add_request(r.request_id, list(r.prompt), r.params)
+                engine.add_request(r.request_id, r.prompt, r.params)
             except InvalidRequestError as e:
                 error = f"{type(e).__name__}: {e}"
-                first = live.get(r.request_id)
+                first = arrivals.live.get(r.request_id)
                 if isinstance(e, DuplicateRequestError) and first is not None:
                     where = workload[first].line
                     error += f" (line {where})" if where else ""
                 outcomes[i] = RequestOutcome(request_id=r.request_id, error=error, line=r.line)
                 done += 1
             else:
-                live[r.request_id] = i
-        if nxt >= n and not engine.has_unfinished_requests():
+                arrivals.accepted(i)
+        if arrivals.exhausted and not engine.has_unfinished_requests():
             break
         if result.steps >= bound:
             raise DrainError(f"the engine did not drain the workload within {bound} steps")
@@ -137,26 +330,17 @@ def drive(
         for p in plan.preempted:
             result.preemptions_by_mode[str(p.mode)] += 1
         for f in plan.finished:
-            i = live.pop(f.request_id)
+            i = arrivals.finished(f.request_id)
             outcomes[i] = outcome_of(f, workload[i].line)
             done += 1
         if record_timeline:
-            state = engine.observe()
-            result.timeline.append(
-                StepSample(
-                    step=plan.step,
-                    gpu_blocks_used=state.config.num_gpu_blocks - state.num_free_gpu_blocks,
-                    num_running=len(state.running),
-                    num_waiting=len(state.waiting),
-                    num_swapped=len(state.swapped),
-                    num_preempted=len(plan.preempted),
-                    preempted_modes=tuple(str(p.mode) for p in plan.preempted),
-                    head_blocks_needed=head_blocks_needed(state),
-                )
-            )
+            result.timeline.append(sample(engine, plan))
         if on_step is not None:
             on_step(result.steps, done)
     result.elapsed_s = time.perf_counter() - start
+    if result.stopped is not None:
+        result.outcomes = _stopped_outcomes(engine, workload, outcomes, arrivals)
+        return result
     missing = [workload[i].request_id for i, o in enumerate(outcomes) if o is None]
     if missing:  # every accepted request is reported once, in some plan (R3)
         raise DrainError(f"the engine never reported requests {missing}")

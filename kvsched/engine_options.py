@@ -1,34 +1,28 @@
 """The engine options shared by ``run`` and ``conform``, with vLLM's names.
 
 ``add_engine_options`` declares them; ``scheduler_config`` turns them into a
-``SchedulerConfig``; ``load_model`` builds the model they name (a local Hugging Face
-Llama checkpoint, or the built-in tiny seeded model); ``make_engine`` builds an
-``LLMEngine`` over a shared model.
+``SchedulerConfig`` (a combination the config refuses is refused naming the flags,
+``flag_names``). The model and the engine they name are built by
+``kvsched.model_setup``: this module imports no torch, so that ``--help`` and a bad
+option answer at once.
+
+Adding an option: declare it in ``add_engine_options`` (a ``SchedulerConfig`` field
+takes the flag ``--field-name`` and, through ``_DEFAULTS``, the config's own
+default) and pass it on in ``scheduler_config``; ``FLAGS`` reads the fields, so a
+refusal that names the new field names its flag.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-from pathlib import Path
+import re
 
-import torch
-from safetensors import SafetensorError
-
-from impl import LLMEngine
-from impl.policies import POLICIES
 from kvsched import argtypes
 from kvsched.errors import CLIInputError
-from model import (
-    CheckpointError,
-    LlamaForCausalLM,
-    build_tiny_model,
-    load_hf_checkpoint,
-    resolve_device,
-    resolve_dtype,
-)
+from spec.policies import POLICIES
 from spec.profiles import profile_defaults
-from spec.types import PreemptionMode, SchedulerConfig, Semantics
+from spec.types import ConfigError, PreemptionMode, SchedulerConfig, Semantics
 
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("float32", "float64", "bfloat16", "float16")
@@ -144,10 +138,47 @@ def add_threads_option(parser: argparse.ArgumentParser | argparse._ArgumentGroup
     )
 
 
+def flag(field: str) -> str:
+    """The option of a ``SchedulerConfig`` field: ``block_size`` -> ``--block-size``."""
+    return "--" + field.replace("_", "-")
+
+
+#: The option of every ``SchedulerConfig`` field, by the field's name.
+FLAGS = {f.name: flag(f.name) for f in dataclasses.fields(SchedulerConfig) if f.init}
+
+# A field named in a refusal: any word with an underscore; ``policy`` and ``semantics``
+# (plain words too) only before the value they are given (``policy lifo``, ``policy
+# 'x'``). ``field=False``/``=True`` is a boolean option's negative or positive flag.
+_FIELD = re.compile(
+    r"\b(?P<field>"
+    + "|".join(sorted((f for f in FLAGS if "_" in f), key=len, reverse=True))
+    + r")\b(?P<value>=False|=True)?|\b(?P<word>policy|semantics)\b(?= ['\"]?[a-z])"
+)
+
+
+def flag_names(message: str) -> str:
+    """``message`` with each ``SchedulerConfig`` field it names written as its flag.
+
+    >>> flag_names("max_num_batched_tokens (8) must be >= max_num_seqs (16)")
+    '--max-num-batched-tokens (8) must be >= --max-num-seqs (16)'
+    >>> flag_names("no chunked prefill (use enable_chunked_prefill=False)")
+    'no chunked prefill (use --no-enable-chunked-prefill)'
+    """
+
+    def option(m: re.Match[str]) -> str:
+        if m["word"] is not None:
+            return FLAGS[m["word"]]
+        name = FLAGS[m["field"]]
+        return name.replace("--", "--no-", 1) if m["value"] == "=False" else name
+
+    return _FIELD.sub(option, message)
+
+
 def scheduler_config(
     args: argparse.Namespace, default_semantics: Semantics = Semantics.KVSCHED
 ) -> SchedulerConfig:
-    """The config the options name; ``ConfigError`` for a combination a profile forbids."""
+    """The config the options name; a combination the config (or a profile) refuses is
+    a ``CLIInputError`` that names the flags (``flag_names``)."""
     semantics = default_semantics if args.semantics is None else Semantics(args.semantics)
     # What the profile implies (nano-vllm: no chunked prefill, caching on;
     # vllm-v0: no chunked prefill), unless given.
@@ -156,102 +187,18 @@ def scheduler_config(
         implied["enable_chunked_prefill"] = args.enable_chunked_prefill
     if args.enable_prefix_caching is not None:
         implied["enable_prefix_caching"] = args.enable_prefix_caching
-    return SchedulerConfig(
-        num_gpu_blocks=args.num_gpu_blocks,
-        block_size=args.block_size,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        max_num_seqs=args.max_num_seqs,
-        preemption_mode=PreemptionMode(args.preemption_mode),
-        num_cpu_blocks=args.num_cpu_blocks,
-        policy=args.policy,
-        semantics=semantics,
-        max_model_len=args.max_model_len,
-        **implied,
-    )
-
-
-def device_of(args: argparse.Namespace) -> torch.device:
-    """``--device``, resolved; asking for CUDA where there is none is bad input."""
     try:
-        return resolve_device(args.device)
-    except ValueError as e:  # resolve_device's only failure: an unusable device name
-        raise CLIInputError(f"argument --device: {e}") from None
-
-
-def load_model(args: argparse.Namespace) -> LlamaForCausalLM:
-    """The ``--model`` checkpoint, or the built-in tiny model seeded with ``--seed``."""
-    device = device_of(args)
-    dtype = resolve_dtype(args.dtype)
-    if args.model is None:
-        return build_tiny_model(seed=args.seed, device=device, dtype=dtype)
-    try:
-        return load_hf_checkpoint(args.model, device=device, dtype=dtype)
-    except CheckpointError as e:
-        raise CLIInputError(f"--model {args.model}: {e}") from None
-    except SafetensorError as e:  # a weights file that is not safetensors at all
-        raise CLIInputError(f"--model {args.model}: unreadable weights: {e}") from None
-
-
-GIB = 1024**3
-
-
-def kv_block_bytes(model: LlamaForCausalLM, block_size: int) -> int:
-    """Bytes of one KV block: K and V, every layer, ``block_size`` token slots."""
-    c = model.config
-    element = torch.finfo(model.dtype).bits // 8
-    return 2 * c.num_hidden_layers * block_size * c.num_key_value_heads * c.head_dim * element
-
-
-def free_memory_bytes(device: torch.device) -> int | None:
-    """Memory free for new tensors on ``device`` (host: MemAvailable); None if unknown."""
-    if device.type == "cuda":
-        return int(torch.cuda.mem_get_info(device)[0])
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
-def kv_blocks_that_fit(model: LlamaForCausalLM, block_size: int) -> int | None:
-    """How many KV blocks the model's device has memory for (None if unknown)."""
-    free = free_memory_bytes(model.device)
-    return None if free is None else free // kv_block_bytes(model, block_size)
-
-
-def check_kv_fits(config: SchedulerConfig, model: LlamaForCausalLM) -> None:
-    """Refuse KV pools larger than the free memory, before allocating them.
-
-    Allocating them anyway fails late with an untyped error or, on the host, first
-    drives the machine into swap.
-    """
-    block = kv_block_bytes(model, config.block_size)
-    pools = [("--num-gpu-blocks", config.num_gpu_blocks, model.device.type)]
-    if config.num_cpu_blocks:
-        pools.append(("--num-cpu-blocks", config.num_cpu_blocks, "cpu"))
-    for place in {p[2] for p in pools}:
-        here = [(option, n) for option, n, where in pools if where == place]
-        blocks = sum(n for _, n in here)
-        free = free_memory_bytes(torch.device(place))
-        if free is not None and blocks * block > free:
-            options = " + ".join(f"{option} {n}" for option, n in here)
-            raise CLIInputError(
-                f"{options}: a KV cache of {blocks} blocks of {config.block_size} tokens "
-                f"needs {blocks * block / GIB:.1f} GiB, more than the {free / GIB:.1f} GiB "
-                f"free on {place}"
-            )
-
-
-def make_engine(
-    config: SchedulerConfig, args: argparse.Namespace, model: LlamaForCausalLM
-) -> LLMEngine:
-    return LLMEngine(
-        config,
-        model=model,
-        device=args.device,
-        dtype=args.dtype,
-        seed=args.seed,
-        threads=args.threads,
-    )
+        return SchedulerConfig(
+            num_gpu_blocks=args.num_gpu_blocks,
+            block_size=args.block_size,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            max_num_seqs=args.max_num_seqs,
+            preemption_mode=PreemptionMode(args.preemption_mode),
+            num_cpu_blocks=args.num_cpu_blocks,
+            policy=args.policy,
+            semantics=semantics,
+            max_model_len=args.max_model_len,
+            **implied,
+        )
+    except ConfigError as e:
+        raise CLIInputError(flag_names(str(e))) from None

@@ -7,17 +7,20 @@ the blocks the waiting head's prefill needs stacked on the usage as a bar: the b
 crossing the capacity line is why the head waits (R8: it is admitted whole or not
 at all). Bottom panel: how many requests are running, waiting and swapped after
 each step.
+
+matplotlib is imported when a figure is drawn, not with this module (it takes a
+large part of a second), so the command line can name the formats without it.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
-from matplotlib.ticker import MaxNLocator
+from typing import TYPE_CHECKING, BinaryIO
 
 from kvsched.results import RunResult
+from kvsched.text import plot_text
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 PLOT_FORMATS = ("png", "svg", "pdf")  # what --plot writes (matplotlib's Agg and vector backends)
 
@@ -29,11 +32,19 @@ PREEMPTION_MARKERS = (
 )
 
 
-def plot_timeline(result: RunResult, path: str | Path, *, title: str = "KV cache timeline") -> None:
-    timeline_figure(result, title=title).savefig(str(path), dpi=100)
+def plot_timeline(
+    result: RunResult, out: BinaryIO, *, file_format: str, title: str = "KV cache timeline"
+) -> None:
+    """Draw ``result``'s timeline into ``out`` as ``file_format`` (one of ``PLOT_FORMATS``)."""
+    timeline_figure(result, title=title).savefig(out, format=file_format, dpi=100)
 
 
 def timeline_figure(result: RunResult, *, title: str = "KV cache timeline") -> Figure:
+    """The figure; ``title`` may come from the input (a file name): it is escaped."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: PLC0415  (see above)
+    from matplotlib.figure import Figure  # noqa: PLC0415
+    from matplotlib.ticker import MaxNLocator  # noqa: PLC0415
+
     timeline = result.timeline
     steps = [s.step for s in timeline]
     capacity = result.metrics.num_gpu_blocks
@@ -76,7 +87,7 @@ def timeline_figure(result: RunResult, *, title: str = "KV cache timeline") -> F
     kv.set_ylabel("GPU blocks")
     top = max([capacity, *(s.gpu_blocks_used + (s.head_blocks_needed or 0) for s in blocked)])
     kv.set_ylim(0, max(top, 1) * 1.1)
-    kv.set_title(title)
+    kv.set_title(plot_text(title))
     kv.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small")
 
     for attr, label in (

@@ -3,17 +3,20 @@
 A progress bar (rich) is drawn only when stderr is a terminal and ``-q`` is not
 given, so pipes, files and CI logs stay clean; it is transient (erased when done).
 Notices (``wrote kv.png ...``) are one line each on stderr, silenced by ``-q``;
-warnings are never silenced.
+warnings are never silenced. rich is imported only when a bar is drawn (it takes a
+good part of the start-up time otherwise).
 """
 
 from __future__ import annotations
 
 import sys
 from types import TracebackType
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from kvsched.text import one_line
+
+if TYPE_CHECKING:
+    from rich.progress import Progress, TaskID
 
 PROG = "kvsched"
 
@@ -38,8 +41,17 @@ class CommandProgress:
         stream: TextIO | None = None,
     ) -> None:
         self._progress: Progress | None = None
-        self._task = None
+        self._task: TaskID | None = None
         if enabled:
+            from rich.console import Console  # noqa: PLC0415  (see above)
+            from rich.progress import (  # noqa: PLC0415
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+            )
+
             console = Console(file=stream if stream is not None else sys.stderr)
             self._progress = Progress(
                 TextColumn(f"[bold]{label}"),
@@ -75,8 +87,8 @@ class CommandProgress:
 def notice(message: str, *, quiet: bool) -> None:
     """A one-line report of what a command did (``wrote w.jsonl (64 requests)``)."""
     if not quiet:
-        print(f"{PROG}: {message}", file=sys.stderr)
+        print(f"{PROG}: {one_line(message)}", file=sys.stderr)
 
 
 def warn(message: str) -> None:
-    print(f"{PROG}: warning: {message}", file=sys.stderr)
+    print(f"{PROG}: warning: {one_line(message)}", file=sys.stderr)

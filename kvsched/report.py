@@ -2,11 +2,13 @@
 
 ::
 
-    {"requests": [{"id", "line", "output", "finish_reason", "num_preemptions", "error"}, ...],
+    {"requests": [{"id", "line", "state", "output", "finish_reason", "num_preemptions",
+                   "error"}, ...],
      "metrics": {"steps", "preemptions", "preemptions_by_mode", "swap_out_blocks",
                  "swap_in_blocks", "recomputed_tokens", "peak_gpu_blocks_used", "num_gpu_blocks",
                  "kv_utilization", "tokens_per_s",
-                 "prefix_cache": {"queries", "hits", "hit_rate", "reclaimed_blocks"}}}
+                 "prefix_cache": {"queries", "hits", "hit_rate", "reclaimed_blocks"}},
+     "interrupted": null | {"signal", "after_step"}}
 
 ``metrics.preemptions_by_mode`` counts the victims by the mode used, every mode named
 (``{"recompute", "restart", "swap"}``; a swap that fell back to recompute is a
@@ -14,8 +16,16 @@ recompute). ``metrics.prefix_cache`` is there only with ``--enable-prefix-cachin
 
 Requests are in workload order; ``line`` is the request's line in the workload file
 (two requests may share an id once the first has finished), ``error`` the refusal of
-a rejected request as ``ErrorType: message``. ``tokens_per_s`` is the only value that depends on
-the machine; everything else is a function of the workload and the options.
+a rejected request as ``ErrorType: message``. ``state`` is ``finished`` or
+``rejected``; a run a signal stopped (``interrupted``: ``"SIGINT"`` or
+``"SIGTERM"``, after step ``after_step``, the metrics counting up to it) also has
+``partial`` requests (admitted, or waiting with outputs kept: ``output`` the tokens
+so far, ``finish_reason`` null) and ``not_started`` ones. ``tokens_per_s`` is the
+only value that depends on the machine; everything else is a function of the
+workload and the options.
+
+Ids are JSON strings as read: ``json.dumps`` escapes control characters and lone
+surrogates (``"\\ud800"``), so the document is ASCII and reads back the same ids.
 """
 
 from __future__ import annotations
@@ -61,6 +71,7 @@ def to_document(result: RunResult) -> dict[str, object]:
             {
                 "id": o.request_id,
                 "line": o.line,
+                "state": o.state,
                 "output": list(o.output),
                 "finish_reason": o.finish_reason,
                 "num_preemptions": o.num_preemptions,
@@ -69,6 +80,9 @@ def to_document(result: RunResult) -> dict[str, object]:
             for o in result.outcomes
         ],
         "metrics": metrics,
+        "interrupted": None
+        if result.interrupted is None
+        else {"signal": result.interrupted, "after_step": m.steps},
     }
 
 
@@ -82,6 +96,7 @@ def dumps(result: RunResult) -> str:
         lines.append("    " + json.dumps(request) + ("," if i < len(requests) - 1 else ""))
     if requests:
         lines.append("  ],")
-    lines.append('  "metrics": ' + json.dumps(doc["metrics"]))
+    lines.append('  "metrics": ' + json.dumps(doc["metrics"]) + ",")
+    lines.append('  "interrupted": ' + json.dumps(doc["interrupted"]))
     lines.append("}")
     return "\n".join(lines)

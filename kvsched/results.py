@@ -6,17 +6,38 @@ from dataclasses import dataclass, field
 
 REJECTED = "rejected"  # the finish reason of a request the engine refused at add_request
 
+# A request's state at the end of a run (``RequestOutcome.state``): every request of a
+# complete run is finished or rejected; a run stopped by a signal also has requests
+# under way (partial: their outputs so far) and requests not started.
+FINISHED = "finished"
+PARTIAL = "partial"
+NOT_STARTED = "not_started"
+STATES = (FINISHED, REJECTED, PARTIAL, NOT_STARTED)
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RequestOutcome:
-    """How one workload request ended; ``error`` is set for rejected requests only."""
+    """How one workload request ended; ``error`` is set for rejected requests only.
+
+    ``finish_reason`` is ``None`` for a request a stopped run left unfinished; it was
+    under way (``started``: admitted, or waiting with outputs kept) or not.
+    """
 
     request_id: str
     output: tuple[int, ...] = ()
-    finish_reason: str = REJECTED  # "stop" | "length" | "aborted" | "rejected"
+    finish_reason: str | None = REJECTED  # "stop" | "length" | "aborted" | "rejected" | None
     num_preemptions: int = 0
     error: str | None = None  # "ErrorType: message"
     line: int | None = None  # the workload file's line (tells apart two uses of one id)
+    started: bool = True
+
+    @property
+    def state(self) -> str:
+        if self.finish_reason == REJECTED:
+            return REJECTED
+        if self.finish_reason is not None:
+            return FINISHED
+        return PARTIAL if self.started else NOT_STARTED
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -72,3 +93,4 @@ class RunResult:
     outcomes: tuple[RequestOutcome, ...]
     metrics: RunMetrics
     timeline: tuple[StepSample, ...] = ()
+    interrupted: str | None = None  # the signal that stopped the run ("SIGINT"), if one did

@@ -18,7 +18,7 @@ import dataclasses
 from collections import Counter
 from collections.abc import Callable, Sequence
 
-from kvsched.drive import Drive, StepCallback, drive
+from kvsched.drive import Drive, StepCallback, admission_window, drive, unfinished_outcome
 from kvsched.engine_protocol import Engine
 from kvsched.results import PrefixCacheMetrics, RequestOutcome, RunMetrics, RunResult
 from kvsched.workload import WorkloadRequest
@@ -61,13 +61,24 @@ def run_workload(
     workload: Sequence[WorkloadRequest],
     *,
     on_step: StepCallback | None = None,
-    record_timeline: bool = True,
+    record_timeline: bool = False,
+    stop: Callable[[], str | None] | None = None,
 ) -> RunResult:
-    d = drive(engine, workload, on_step=on_step, record_timeline=record_timeline)
+    """``workload`` through ``engine`` (``kvsched.drive``), arrivals admitted lazily
+    where the policy allows it (``admission_window``); the timeline only if asked."""
+    d = drive(
+        engine,
+        workload,
+        on_step=on_step,
+        record_timeline=record_timeline,
+        window=admission_window(config),
+        stop=stop,
+    )
     return RunResult(
         outcomes=tuple(d.outcomes),
         metrics=metrics_of(engine, d, config),
         timeline=tuple(d.timeline),
+        interrupted=d.stopped,
     )
 
 
@@ -92,12 +103,21 @@ def run_reference(
     *,
     on_step: StepCallback | None = None,
     max_blocks: int | None = None,
+    stop: Callable[[], str | None] | None = None,
 ) -> RunResult:
-    """Each request alone with an unbounded cache; metrics add up over the solo runs."""
+    """Each request alone with an unbounded cache; metrics add up over the solo runs.
+
+    ``stop`` (as for ``run_workload``) ends the solo run in progress and leaves the
+    requests after it not started.
+    """
     outcomes: list[RequestOutcome] = []
     runs: list[RunMetrics] = []
     steps_before = 0
+    interrupted: str | None = None
     for i, request in enumerate(workload):
+        if interrupted is not None:
+            outcomes.append(unfinished_outcome(request, None, waiting=True))
+            continue
         config = solo_config(base, request)
         if max_blocks is not None and config.num_gpu_blocks > max_blocks:
             error = (
@@ -116,11 +136,12 @@ def run_reference(
             if on_step is not None:
                 on_step(_base + steps, _i + done)
 
-        result = run_workload(make_engine(config), config, [solo], on_step=progress)
+        result = run_workload(make_engine(config), config, [solo], on_step=progress, stop=stop)
         outcomes.extend(result.outcomes)
         runs.append(result.metrics)
         steps_before += result.metrics.steps
-    return RunResult(outcomes=tuple(outcomes), metrics=_sum_metrics(runs))
+        interrupted = result.interrupted
+    return RunResult(outcomes=tuple(outcomes), metrics=_sum_metrics(runs), interrupted=interrupted)
 
 
 def _sum_metrics(runs: Sequence[RunMetrics]) -> RunMetrics:

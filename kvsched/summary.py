@@ -1,23 +1,32 @@
-"""The human summary that ``kvsched run`` prints when ``--json`` is not given."""
+"""The human summary that ``kvsched run`` prints when ``--json`` is not given.
+
+Ids and error messages come from the workload: they are printed escaped
+(``kvsched.text``), so none can recolour the terminal or split a line.
+"""
 
 from __future__ import annotations
 
 from collections import Counter
 
-from kvsched.results import REJECTED, RunResult
+from kvsched.results import FINISHED, NOT_STARTED, PARTIAL, REJECTED, RunResult
+from kvsched.text import one_line, shown
 
 
 def render_summary(result: RunResult, *, title: str = "run") -> str:
     m = result.metrics
     outcomes = result.outcomes
-    reasons = Counter(o.finish_reason for o in outcomes)
-    rejected = reasons.pop(REJECTED, 0)
-    finished = sum(reasons.values())
+    states = Counter(o.state for o in outcomes)
+    reasons = Counter(o.finish_reason for o in outcomes if o.state == FINISHED)
     detail = ", ".join(f"{n} {reason}" for reason, n in sorted(reasons.items()))
-    head = f"{title}: {len(outcomes)} requests, {finished} finished"
+    if result.interrupted is not None:
+        title += f" (stopped by {result.interrupted})"
+    head = f"{title}: {len(outcomes)} requests, {states[FINISHED]} finished"
     if detail:
         head += f" ({detail})"
-    head += f", {rejected} rejected, in {m.steps} steps"
+    head += f", {states[REJECTED]} rejected"
+    if result.interrupted is not None:
+        head += f", {states[PARTIAL]} partial, {states[NOT_STARTED]} not started"
+    head += f", in {m.steps} steps"
     by_mode = ", ".join(f"{mode} {n}" for mode, n in sorted(m.preemptions_by_mode.items()) if n)
     lines = [
         head,
@@ -34,11 +43,13 @@ def render_summary(result: RunResult, *, title: str = "run") -> str:
             f"prefix cache: hit rate {pc.hit_rate:.1%} ({pc.hits} of {pc.queries} tokens)"
             + f"; reclaimed cached blocks: {pc.reclaimed_blocks}"
         )
-    bad = [o for o in outcomes if o.finish_reason == REJECTED]
+    bad = [o for o in outcomes if o.state == REJECTED]
     if bad:
         lines.append("rejected:")
         lines.extend(
-            f"  {o.request_id}" + (f" (line {o.line})" if o.line else "") + f": {o.error}"
+            f"  {shown(o.request_id)}"
+            + (f" (line {o.line})" if o.line else "")
+            + f": {one_line(o.error or '')}"
             for o in bad
         )
     return "\n".join(lines)

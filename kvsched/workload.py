@@ -9,12 +9,14 @@ A line is a JSON object::
 ``id``, ``prompt`` and ``max_tokens`` are required; the rest take the defaults of
 ``SamplingParams`` (and ``arrival_step`` 0: the engine step at which the request is
 added). Blank lines are skipped; CRLF line ends and a UTF-8 byte-order mark are
-accepted. The schema checks field names (no unknown field, none given twice) and
-types (``true`` is not an int; an int is accepted where a float is expected): value
-ranges such as an empty prompt, ``max_tokens`` below 1 or a token outside the
-vocabulary are the engine's to refuse, so such a request reaches the engine and is
-reported as rejected (so is a negative ``temperature``: R4's engine-only check). Checked
-here is the command line's own range: ``arrival_step`` in ``0 .. MAX_ARRIVAL_STEP``.
+accepted; a line may hold at most ``MAX_LINE_BYTES`` (16 MiB). The file is read and
+checked one line at a time (``iter_workload``). The schema checks field names (no
+unknown field, none given twice) and types (``true`` is not an int; an int is
+accepted where a float is expected): value ranges such as an empty prompt,
+``max_tokens`` below 1 or a token outside the vocabulary are the engine's to refuse,
+so such a request reaches the engine and is reported as rejected (so is a negative
+``temperature``: R4's engine-only check). Checked here is the command line's own
+range: ``arrival_step`` in ``0 .. MAX_ARRIVAL_STEP``.
 """
 
 from __future__ import annotations
@@ -23,10 +25,10 @@ import dataclasses
 import json
 import math
 import random
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TextIO
+from typing import BinaryIO, TextIO
 
 from kvsched.distributions import IntDistribution
 from kvsched.errors import WorkloadError
@@ -46,6 +48,10 @@ FIELDS = REQUIRED_FIELDS + OPTIONAL_FIELDS
 # Every step up to the last arrival is run, idle ones included (about 45 us each for
 # the tiny model): this keeps the longest idle wait a file can ask for to seconds.
 MAX_ARRIVAL_STEP = 100_000
+
+# The longest line a workload file may have: a prompt of about two million token ids.
+# The file is read a line at a time, so this bounds the memory one read can take.
+MAX_LINE_BYTES = 16 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -218,17 +224,52 @@ def parse_lines(lines: Iterable[str], *, path: str) -> list[WorkloadRequest]:
     ]
 
 
-def read_workload(path: str | Path) -> list[WorkloadRequest]:
-    """Read and validate a workload file (``OSError`` if it cannot be read)."""
-    name = str(path)
-    data = Path(path).read_bytes().removeprefix(b"\xef\xbb\xbf")  # a UTF-8 BOM
-    lines: list[str] = []
-    for lineno, raw in enumerate(data.splitlines(), start=1):
+def _text_lines(f: BinaryIO, name: str) -> Iterator[tuple[int, str]]:
+    """``(line number, text)`` for each line of a binary file.
+
+    Lines end at LF, CRLF or a lone CR, as ``bytes.splitlines`` has them. The file is
+    read a line at a time, each read taking ``MAX_LINE_BYTES`` at most: a longer line
+    (``/dev/zero`` has no line end at all) is refused after reading that much of it,
+    so no input can exhaust the memory.
+    """
+    lineno = 0
+    while True:
         try:
-            lines.append(raw.decode("utf-8"))
-        except UnicodeDecodeError as e:
-            raise WorkloadError(name, f"not UTF-8 text: {e.reason}", line=lineno) from None
-    return parse_lines(lines, path=name)
+            raw = f.readline(MAX_LINE_BYTES + 1)
+        except OSError as e:  # a read error mid-file names no file by itself
+            raise WorkloadError(
+                name, f"cannot be read: {e.strerror or e}", line=lineno + 1
+            ) from None
+        if not raw:
+            return
+        if len(raw) > MAX_LINE_BYTES:
+            raise WorkloadError(name, f"line longer than {MAX_LINE_BYTES:,} bytes", line=lineno + 1)
+        if lineno == 0:
+            raw = raw.removeprefix(b"\xef\xbb\xbf")  # a UTF-8 BOM
+        for piece in raw.splitlines():
+            lineno += 1
+            try:
+                yield lineno, piece.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise WorkloadError(name, f"not UTF-8 text: {e.reason}", line=lineno) from None
+
+
+def iter_workload(path: str | Path) -> Iterator[WorkloadRequest]:
+    """The requests of a workload file, read and validated one line at a time.
+
+    ``OSError`` if the file cannot be opened; a ``WorkloadError`` names the file and the
+    line of the first one that is unreadable, too long, not UTF-8 or not a request.
+    """
+    name = str(path)
+    with open(path, "rb") as f:
+        for lineno, text in _text_lines(f, name):
+            if text.strip():
+                yield parse_line(text, path=name, lineno=lineno)
+
+
+def read_workload(path: str | Path) -> list[WorkloadRequest]:
+    """Read and validate a whole workload file (``iter_workload``, kept in a list)."""
+    return list(iter_workload(path))
 
 
 ProgressCallback = Callable[[int], None]  # requests done so far

@@ -45,7 +45,7 @@ from typing import TypeVar
 
 import spec
 from kvsched.diff import first_difference, short_repr
-from kvsched.drive import StepCallback, step_bound
+from kvsched.drive import Arrivals, StepCallback, Window, step_bound
 from kvsched.errors import DrainError
 from kvsched.peers.protocol import (
     Hidden,
@@ -354,6 +354,16 @@ class LockstepReport:
         return self.divergence is None
 
 
+def _spec_room(lock: Lockstep, window: Window) -> Callable[[], int]:
+    """The waiting requests the next step can read beyond those both sides hold."""
+
+    def room() -> int:
+        state = lock.state
+        return window(len(state.running), state.num_free_gpu_blocks) - len(state.waiting)
+
+    return room
+
+
 def run_workload(
     peer: SchedulerUnderTest,
     config: SchedulerConfig,
@@ -362,32 +372,36 @@ def run_workload(
     *,
     max_steps: int | None = None,
     on_step: StepCallback | None = None,
+    window: Window | None = None,
 ) -> LockstepReport:
     """Add each request at its ``arrival_step``; step until both drain; stop at a divergence.
 
+    ``window``: arrivals admitted lazily (``kvsched.drive.Arrivals``, the window of
+    ``admission_window`` read from the spec's state), so that a step's cost does not
+    grow with the waiting queue.
     Raises ``DrainError`` if they agree but do not drain within the bound.
     """
-    order = sorted(range(len(workload)), key=lambda i: workload[i].arrival_step)
     bound = step_bound(workload) if max_steps is None else max_steps
     divergence: Divergence | None = None
     lock: Lockstep | None = None
     try:
         lock = Lockstep(peer, config, next_token)
-        nxt = 0
+        arrivals = Arrivals(workload, room=None if window is None else _spec_room(lock, window))
         while True:
             added = False
-            while nxt < len(order) and workload[order[nxt]].arrival_step <= lock.steps:
-                r = workload[order[nxt]]
-                lock.add(r.request_id, r.prompt, r.params)
-                nxt += 1
+            for i in arrivals.due(lock.steps):
+                r = workload[i]
+                if lock.add(r.request_id, r.prompt, r.params) is None:
+                    arrivals.accepted(i)
                 added = True
             if added:
                 lock.compare_states()
-            if nxt >= len(order) and not lock.unfinished():
+            if arrivals.exhausted and not lock.unfinished():
                 break
             if lock.steps >= bound:
                 raise DrainError(f"the workload did not drain within {bound} steps")
-            lock.step()
+            for f in lock.step().finished:
+                arrivals.finished(f.request_id)
             if on_step is not None:
                 on_step(lock.steps, len(lock.engine_finished) + lock.rejected)
         lock.finish()

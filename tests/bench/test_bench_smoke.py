@@ -31,6 +31,8 @@ EXPECTED = {
     "preemption_cost": "recompute",
     "profile_step": "Scheduler.step",
     "prefix_caching": "outputs equal",
+    "queue_scaling": "memory per waiting request",
+    "startup": "kvsched --version",
 }
 QUICK: list[tuple[Main, str]] = [
     (main, EXPECTED[name]) for name, main, _, _ in SCRIPTS if name in EXPECTED

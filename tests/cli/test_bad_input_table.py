@@ -16,18 +16,27 @@ two lists are the same, so the table cannot drift from what is tested.
 from __future__ import annotations
 
 import errno
+import io
 import json
+import os
 import re
+import resource
+import signal
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO, TextIO
 
 import pytest
 import torch
 
 import kvsched.cli
+import kvsched.commands
+import kvsched.model_setup
 from impl.engine import available_cpus
-from kvsched.workload import MAX_ARRIVAL_STEP
-from tests.cli.helpers import Invoke, Outcome, requests_of
+from kvsched.workload import MAX_ARRIVAL_STEP, MAX_LINE_BYTES, dump_workload
+from tests.cli.helpers import PNG_MAGIC, Invoke, Outcome, requests_of
 
 ROOT = Path(__file__).resolve().parents[2]
 GOOD = {"id": "a", "prompt": [1, 2, 3], "max_tokens": 2}
@@ -77,6 +86,12 @@ FILE_CASES: list[tuple[str, bytes, Answer]] = [
     ("id-int", line(id=7), Exit2(":2: field 'id': expected str, got int")),
     ("id-null", line(id=None), Exit2(":2: field 'id': expected str, got null")),
     ("id-empty", line(id=""), Served()),
+    ("id-terminal-escapes", line(id="\x1b]0;owned\x07\x1b[31mred"), Served()),
+    ("id-newline", line(id="c\nd"), Served()),
+    ("id-nul", line(id="c\x00"), Served()),
+    ("id-lone-surrogate", line(id="\ud800"), Served()),
+    ("id-bidi-override", line(id="\u202ecba"), Served()),
+    ("field-name-escapes", raw('{"id": "c", "prompt": [1], "max_tokens": 2, "\\u001b[31m": 1}'), Exit2(":2: field '\\x1b[31m': unknown field")),
     ("id-duplicate-live", line(id="a"), Rejected("DuplicateRequestError: request 'a' is already live (line 1)")),
     ("prompt-missing", line(prompt=...), Exit2(":2: field 'prompt': missing required field")),
     ("prompt-string", line(prompt="1 2 3"), Exit2(":2: field 'prompt': expected list of int, got str")),
@@ -110,6 +125,7 @@ FILE_CASES: list[tuple[str, bytes, Answer]] = [
     ("arrival-negative", line(arrival_step=-2), Exit2(f":2: field 'arrival_step': expected an int in 0..{MAX_ARRIVAL_STEP}, got -2")),
     ("arrival-far-future", line(arrival_step=10**12), Exit2(f"expected an int in 0..{MAX_ARRIVAL_STEP}")),
     ("arrival-float", line(arrival_step=1.0), Exit2(":2: field 'arrival_step': expected int, got float")),
+    ("line-too-long", line(prompt=[1] * (MAX_LINE_BYTES // 3)), Exit2(f":2: line longer than {MAX_LINE_BYTES:,} bytes")),
 ]  # fmt: skip
 
 # Whole files: (case, file bytes, answer).
@@ -214,19 +230,26 @@ def test_huge_swap_pool_in_a_reference_run(invoke: Invoke, tmp_path: Path) -> No
 def test_plot_that_fails_after_the_run_keeps_the_results(
     invoke: Invoke, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Case ``plot-fails-late`` (say the disk fills up after the checks): the results are
-    printed before the plot is drawn, then one line and exit 2."""
+    """Case ``plot-fails-late`` (say the disk fills up while the plot is written): the
+    results are printed before the plot is drawn, then one line and exit 2, and no
+    file is left, neither a truncated plot nor its temporary file."""
 
-    def disk_full(*args: object, **kwargs: object) -> None:
-        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "kv.png"))
+    def disk_full(result: object, out: BinaryIO, **kwargs: object) -> None:
+        out.write(PNG_MAGIC)
+        out.flush()
+        raise OSError(errno.ENOSPC, "No space left on device")  # a write names no file
 
-    monkeypatch.setattr(kvsched.cli, "plot_timeline", disk_full)
+    monkeypatch.setattr(kvsched.commands, "plot_timeline", disk_full)
     path = tmp_path / "w.jsonl"
     path.write_bytes(json.dumps(GOOD).encode() + b"\n")
-    result = invoke("run", str(path), "--json", "--plot", str(tmp_path / "kv.png"))
+    png = tmp_path / "kv.png"
+    result = invoke("run", str(path), "--json", "--plot", str(png))
     assert result.code == 2
     assert requests_of(json.loads(result.out))[0]["finish_reason"] == "length"
-    assert result.err == f"kvsched: {tmp_path / 'kv.png'}: No space left on device\n"
+    assert result.err == (
+        f"kvsched: --plot {png}: cannot be written: No space left on device (nothing written)\n"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["w.jsonl"]
 
 
 def test_prompt_over_the_budget_without_chunking(invoke: Invoke, tmp_path: Path) -> None:
@@ -292,6 +315,16 @@ OPTION_CASES: list[tuple[str, tuple[str, ...], str]] = [
     ("gen-output-missing-directory", ("workload", "-o", "{d}/no/w.jsonl"), "-o {d}/no/w.jsonl: directory {d}/no does not exist"),
     ("gen-output-is-directory", ("workload", "-o", "{d}"), "-o {d}: is a directory"),
     ("gen-output-not-writable", ("workload", "-o", "/proc/w.jsonl"), "-o /proc/w.jsonl: cannot be written"),
+    ("workload-dev-zero", ("run", "/dev/zero"), f"/dev/zero:1: line longer than {MAX_LINE_BYTES:,} bytes"),
+    ("workload-read-error", ("run", "/proc/self/mem"), "/proc/self/mem:1: cannot be read: Input/output error"),
+    ("path-with-newline", ("run", "{d}/a\nb.jsonl"), "a\\nb.jsonl: No such file or directory"),
+    ("peer-with-another-peers-semantics", ("conform", "{w}", "--engine", "vllm", "--semantics", "nano-vllm"), "--engine vllm --semantics nano-vllm: vllm's scheduler follows the vllm-v1 rules"),
+    ("nano-vllm-with-vllm-semantics", ("conform", "{w}", "--engine", "nano-vllm", "--semantics", "vllm-v1"), "use --semantics nano-vllm (the default with --engine nano-vllm) or --semantics kvsched"),
+    ("refusal-names-flags", ("run", "{w}", "--enable-prefix-caching", "--preemption-mode", "swap"), "kvsched: --enable-prefix-caching needs recompute or restart preemption, not swap"),
+    ("vllm-v1-budget-below-seqs", ("run", "{w}", "--semantics", "vllm-v1", "--max-num-batched-tokens", "8", "--max-num-seqs", "16"), "--max-num-batched-tokens (8) must be >= --max-num-seqs (16)"),
+    ("nano-vllm-chunked", ("run", "{w}", "--semantics", "nano-vllm", "--enable-chunked-prefill"), "no chunked prefill (use --no-enable-chunked-prefill)"),
+    ("vllm-peer-swap", ("conform", "{w}", "--engine", "vllm", "--preemption-mode", "swap"), "--semantics vllm-v1: preemption by recompute only"),
+    ("max-model-len-without-vllm-v1", ("run", "{w}", "--max-model-len", "8"), "--max-model-len is a vllm-v1 setting"),
 ]  # fmt: skip
 
 
@@ -354,6 +387,216 @@ def test_docs_table_lists_exactly_the_tested_cases() -> None:
         "reference-cpu-pool-huge",
         "plot-fails-late",
         "model-unloadable",  # tests/cli/test_bad_input.py
+        "summary-escapes-ids",
+        "json-round-trips-ids",
+        "summary-strict-encoding",
+        "plot-title-escapes",
+        "gen-output-fails-midway",
+        "gen-output-file-size-limit",
+        "stdout-full",
+        "stdout-closed-pipe",
+        "kv-allocation-fails",
+        "kv-pool-large",
+        "interrupt-run",  # tests/cli/test_interrupts.py
+        "interrupt-conform",
+        "interrupt-twice",
+        "interrupt-outside-a-run",
     ]
     assert len(set(names)) == len(names), "a case name is used twice"
     assert _table_cases() == set(names)
+    text = (ROOT / "docs" / "cli.md").read_text()
+    assert f"checks that this table lists exactly the cases it tests ({len(names)} cases)" in text
+
+
+# --- output: escaped, complete or absent ----------------------------------------------
+
+STRANGE_IDS = ["\x1b]0;owned\x07\x1b[31mred", "c\nd", "c\x00", "\ud800", "\u202ecba", "it's"]
+
+
+def _strange_workload(tmp_path: Path) -> Path:
+    """GOOD, then each strange id twice: served, then refused as a duplicate (listed)."""
+    lines = [GOOD]
+    for rid in STRANGE_IDS:
+        lines += [{**GOOD, "id": rid, "max_tokens": 6}, {**GOOD, "id": rid}]
+    path = tmp_path / "w.jsonl"
+    path.write_text("".join(json.dumps(obj) + "\n" for obj in lines))
+    return path
+
+
+def test_summary_prints_ids_escaped(invoke: Invoke, tmp_path: Path) -> None:
+    """Case ``summary-escapes-ids``: no control character, line break or lone surrogate of
+    an id reaches the terminal; each strange id reads as its Python literal."""
+    result = invoke("run", str(_strange_workload(tmp_path)), "--device", "cpu")
+    assert result.code == 0, result.err
+    assert result.out.isascii() or all(c.isprintable() for c in result.out.replace("\n", ""))
+    assert all(c == "\n" or c.isprintable() for c in result.out), result.out
+    for rid in STRANGE_IDS:
+        assert f"  {rid!r} (line " in result.out
+
+
+def test_json_round_trips_ids(invoke: Invoke, tmp_path: Path) -> None:
+    """Case ``json-round-trips-ids``: the document is ASCII and reads back every id."""
+    result = invoke("run", str(_strange_workload(tmp_path)), "--json", "--device", "cpu")
+    assert result.code == 0, result.err
+    assert result.out.isascii()
+    ids = [r["id"] for r in requests_of(json.loads(result.out))]
+    assert ids == ["a", *(rid for rid in STRANGE_IDS for _ in range(2))]
+
+
+def test_a_lone_surrogate_on_a_strict_terminal(tmp_path: Path) -> None:
+    """Case ``summary-strict-encoding``: a real process whose stdout encodes strictly
+    prints the run's summary (the id escaped), then exits 0."""
+    path = tmp_path / "w.jsonl"
+    path.write_text(json.dumps({**GOOD, "id": "\ud800", "prompt": []}) + "\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "kvsched", "run", str(path), "--device", "cpu"],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONIOENCODING": "utf-8:strict", "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert (result.returncode, result.stderr) == (0, "")
+    assert "  '\\ud800' (line 1): EmptyPromptError: " in result.stdout
+
+
+def test_plot_title_from_a_strange_file_name(invoke: Invoke, tmp_path: Path) -> None:
+    """Case ``plot-title-escapes``: ``$...$`` and control characters in the workload's
+    name are drawn as written (matplotlib would read ``$`` as mathematics)."""
+    path = tmp_path / "a$\\frac{$\x1b.jsonl"
+    path.write_text(json.dumps(GOOD) + "\n")
+    png = tmp_path / "kv.png"
+    result = invoke("run", str(path), "--plot", str(png), "-q")
+    assert (result.code, result.err) == (0, "")
+    assert png.read_bytes()[:8] == PNG_MAGIC
+
+
+def test_workload_output_fails_midway(
+    invoke: Invoke, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Case ``gen-output-fails-midway``: the disk fills up while ``-o`` is written: one
+    line naming the file, exit 2, and neither the file nor its temporary one is left."""
+    real = dump_workload
+
+    def disk_full(requests: object, out: TextIO, **kwargs: object) -> None:
+        real(list(requests)[:3], out)  # type: ignore[call-overload]
+        out.flush()
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(kvsched.cli, "dump_workload", disk_full)
+    target = tmp_path / "w.jsonl"
+    result = invoke("workload", "--num-requests", "10", "-o", str(target))
+    _assert_exit2(
+        result, f"-o {target}: cannot be written: No space left on device (nothing written)"
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
+def _limited_file_size() -> None:
+    """In the child: files may not grow past 64 KiB (a full quota, as the kernel has it)."""
+    resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, 64 * 1024))
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # then write() fails with EFBIG
+
+
+def test_workload_output_over_a_file_size_limit(tmp_path: Path) -> None:
+    """Case ``gen-output-file-size-limit``: the same with a real failing write()."""
+    target = tmp_path / "w.jsonl"
+    result = subprocess.run(
+        [sys.executable, "-m", "kvsched", "workload", "--num-requests", "2000", "-o", str(target)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        preexec_fn=_limited_file_size,
+    )
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert result.stderr == (
+        f"kvsched: -o {target}: cannot be written: File too large (nothing written)\n"
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_stdout_on_a_full_disk(tmp_path: Path) -> None:
+    """Case ``stdout-full``: ``kvsched workload > /dev/full`` names stdout."""
+    with open("/dev/full", "w") as full:
+        result = subprocess.run(
+            [sys.executable, "-m", "kvsched", "workload", "--num-requests", "100"],
+            cwd=ROOT,
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    assert result.returncode == 2
+    assert result.stderr == "kvsched: stdout: cannot be written: No space left on device\n"
+
+
+def test_run_results_on_a_full_stdout(
+    invoke: Invoke, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Case ``stdout-full`` for ``run``: the results that cannot be printed name stdout."""
+
+    class Full(io.StringIO):
+        def write(self, text: str) -> int:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    path = tmp_path / "w.jsonl"
+    path.write_text(json.dumps(GOOD) + "\n")
+    monkeypatch.setattr(sys, "stdout", Full())
+    result = invoke("run", str(path), "--json", "--device", "cpu")
+    assert result.code == 2
+    assert result.err == "kvsched: stdout: cannot be written: No space left on device\n"
+
+
+def test_stdout_closed_early(tmp_path: Path) -> None:
+    """Case ``stdout-closed-pipe``: ``kvsched workload | head -1`` ends quietly (141)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kvsched", "workload", "--num-requests", "100000"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    assert proc.stdout.readline().startswith(b'{"id": "r0"')
+    proc.stdout.close()
+    err = proc.stderr.read()
+    assert (proc.wait(timeout=120), err) == (141, b"")
+
+
+def test_kv_allocation_that_fails(
+    invoke: Invoke, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Case ``kv-allocation-fails``: the memory check passes (in a container MemAvailable
+    may be the host's), the allocation does not: a typed error with the size asked for."""
+    monkeypatch.setattr(kvsched.model_setup, "free_memory_bytes", lambda device: 2**62)
+    path = tmp_path / "w.jsonl"
+    path.write_text(json.dumps(GOOD) + "\n")
+    result = invoke("run", str(path), "--device", "cpu", "--block-size", str(10**9))
+    _assert_exit2(result, "kvsched: --num-gpu-blocks 64: allocating the KV cache (")
+    block = 2 * 2 * 10**9 * 2 * 16 * 4  # K and V, 2 layers, 2 KV heads of 16, float32
+    assert (
+        f"({64 * block:,} bytes) failed: DefaultCPUAllocator: can't allocate memory" in result.err
+    )
+    assert "ask for fewer blocks (--num-gpu-blocks, --block-size)" in result.err
+
+
+def test_a_large_pool_warns_with_its_size(
+    invoke: Invoke, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Case ``kv-pool-large``: a pool far larger than the workload can use is served,
+    with a warning giving its size in bytes (the threshold, 1 GiB, lowered here so the
+    test allocates 4 MiB, not gigabytes)."""
+    monkeypatch.setattr(kvsched.model_setup, "LARGE_POOL_BYTES", 2**20)
+    path = tmp_path / "w.jsonl"
+    path.write_text(json.dumps(GOOD) + "\n")
+    result = invoke("run", str(path), "--json", "--num-gpu-blocks", "500", "--device", "cpu")
+    assert result.code == 0
+    block = 2 * 2 * 16 * 2 * 16 * 4  # K and V, 2 layers, 16 tokens, 2 KV heads of 16, float32
+    assert result.err == (
+        f"kvsched: warning: --num-gpu-blocks 500: the KV cache takes {500 * block:,} bytes "
+        "(0.0 GiB) on cpu; this workload can use at most 1 block\n"
+    )

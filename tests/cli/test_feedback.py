@@ -19,8 +19,7 @@ from kvsched.cli import main
 from kvsched.drive import head_blocks_needed
 from kvsched.plot import timeline_figure
 from kvsched.results import RunMetrics, RunResult, StepSample
-from spec import add_request, init_state
-from spec.types import SamplingParams, SchedulerConfig
+from spec.types import SchedulerConfig
 from tests.cli.helpers import Invoke, WriteWorkload
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -167,13 +166,7 @@ def test_plot_marks_modes_apart_and_the_head_that_does_not_fit() -> None:
 
 
 def test_head_blocks_needed() -> None:
-    config = SchedulerConfig(num_gpu_blocks=8, block_size=4, max_num_batched_tokens=6)
-    state = init_state(config)
-    assert head_blocks_needed(state) is None  # nobody waits
-    state = add_request(state, "long", tuple(range(1, 11)), SamplingParams(max_tokens=1))
-    assert head_blocks_needed(state) == 2  # chunked: min(10, budget 6) tokens, 2 blocks
-    unchunked = init_state(
-        SchedulerConfig(num_gpu_blocks=8, block_size=4, enable_chunked_prefill=False)
-    )
-    unchunked = add_request(unchunked, "long", tuple(range(1, 11)), SamplingParams(max_tokens=1))
-    assert head_blocks_needed(unchunked) == 3  # the whole prompt: 10 tokens, 3 blocks
+    chunked = SchedulerConfig(num_gpu_blocks=8, block_size=4, max_num_batched_tokens=6)
+    assert head_blocks_needed(chunked, 10) == 2  # chunked: min(10, budget 6) tokens, 2 blocks
+    unchunked = SchedulerConfig(num_gpu_blocks=8, block_size=4, enable_chunked_prefill=False)
+    assert head_blocks_needed(unchunked, 10) == 3  # the whole prompt: 10 tokens, 3 blocks

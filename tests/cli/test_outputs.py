@@ -49,11 +49,13 @@ def _result() -> RunResult:
 
 def test_document_shape() -> None:
     doc = to_document(_result())
-    assert set(doc) == {"requests", "metrics"}
+    assert set(doc) == {"requests", "metrics", "interrupted"}
+    assert doc["interrupted"] is None
     assert doc["requests"] == [
         {
             "id": "a",
             "line": None,
+            "state": "finished",
             "output": [5, 1],
             "finish_reason": "stop",
             "num_preemptions": 0,
@@ -62,6 +64,7 @@ def test_document_shape() -> None:
         {
             "id": "b",
             "line": None,
+            "state": "rejected",
             "output": [],
             "finish_reason": "rejected",
             "num_preemptions": 0,
@@ -70,6 +73,7 @@ def test_document_shape() -> None:
         {
             "id": "c",
             "line": None,
+            "state": "finished",
             "output": [2, 3, 4],
             "finish_reason": "length",
             "num_preemptions": 2,
@@ -82,7 +86,7 @@ def test_document_shape() -> None:
     assert metrics["preemptions_by_mode"] == {"recompute": 2, "restart": 0, "swap": 0}
     text = dumps(_result())
     assert json.loads(text) == doc
-    assert text.count("\n") == 7  # one line per request
+    assert text.count("\n") == 8  # one line per request
     empty = RunResult(outcomes=(), metrics=_result().metrics)
     assert json.loads(dumps(empty)) == to_document(empty)
 
@@ -97,5 +101,6 @@ def test_summary() -> None:
 
 def test_plot_writes_png(tmp_path: Path) -> None:
     out = tmp_path / "kv.png"
-    plot_timeline(_result(), out)
+    with out.open("wb") as f:
+        plot_timeline(_result(), f, file_format="png")
     assert out.read_bytes()[:8] == PNG_MAGIC

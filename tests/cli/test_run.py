@@ -56,13 +56,15 @@ def _outputs(doc: dict[str, object]) -> dict[str, list[int]]:
 def test_document_shape_and_preemption(invoke: Invoke, write_workload: WriteWorkload) -> None:
     path = write_workload(_preempting_workload())
     doc = run_json(invoke, str(path), *SMALL)
-    assert set(doc) == {"requests", "metrics"}
+    assert set(doc) == {"requests", "metrics", "interrupted"}
+    assert doc["interrupted"] is None
     requests = requests_of(doc)
     assert [r["id"] for r in requests] == [f"r{i}" for i in range(6)]
     for number, (r, line) in enumerate(zip(requests, _preempting_workload(), strict=True), 1):
         assert set(r) == documented_keys("requests")
         assert r["line"] == number
         assert r["finish_reason"] == "length"
+        assert r["state"] == "finished"
         assert r["error"] is None
         output = r["output"]
         assert isinstance(output, list)

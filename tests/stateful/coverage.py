@@ -64,8 +64,19 @@ def stats_dir() -> Path:
     return path
 
 
-def write_report(machine: str, profile: str, record: RunRecord, missing: Sequence[str]) -> str:
-    """Render (and save, for the terminal summary) the run's coverage and throughput."""
+def write_report(
+    machine: str,
+    profile: str,
+    record: RunRecord,
+    missing: Sequence[str],
+    *,
+    required: bool = True,
+) -> str:
+    """Render (and save, for the terminal summary) the run's coverage and throughput.
+
+    ``missing`` paths read as a failure only where the profile requires them
+    (``required``); a short ``dev`` run (``scripts/check --quick``) lists them plainly.
+    """
     stats = record.stats
     coverage = record.coverage
     lines = [
@@ -78,8 +89,10 @@ def write_report(machine: str, profile: str, record: RunRecord, missing: Sequenc
         lines.append(f"  max drain steps / LIFO bound: {ratios}")
     for label, count in sorted(coverage.items()):
         lines.append(f"  {count:>8}  {label}")
-    if missing:
+    if missing and required:
         lines.append(f"  NOT REACHED: {', '.join(missing)}")
+    elif missing:
+        lines.append(f"  not reached in this short run (required in ci only): {', '.join(missing)}")
     text = "\n".join(lines)
     summary = {"machine": machine, "profile": profile, "text": text}
     (stats_dir() / f"{machine}-{os.getpid()}.json").write_text(json.dumps(summary))
