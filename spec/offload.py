@@ -90,6 +90,16 @@ def candidates(state: SchedulerState) -> tuple[tuple[RequestState, str], ...]:
     )
 
 
+def walk_within_limits(state: SchedulerState, walk: Walk) -> bool:
+    """What one walk may schedule: at most ``max_num_seqs`` chunks and the budget's
+    tokens, and never more blocks than are free."""
+    return (
+        len(walk.chunks) <= state.config.max_num_seqs
+        and sum(c.num_tokens for c in walk.chunks) <= state.config.max_num_batched_tokens
+        and walk.state.num_free_gpu_blocks >= 0
+    )
+
+
 def walk(state: SchedulerState) -> Walk:
     """Step 1: schedule the candidates that fit, skip the rest (T2-T4, T8).
 
@@ -100,9 +110,7 @@ def walk(state: SchedulerState) -> Walk:
     budget is 0 or ``max_num_seqs`` requests are scheduled.
 
     pre: state.num_free_gpu_blocks >= 0
-    post: len(__return__.chunks) <= state.config.max_num_seqs
-    post: sum(c.num_tokens for c in __return__.chunks) <= state.config.max_num_batched_tokens
-    post: __return__.state.num_free_gpu_blocks >= 0
+    post: walk_within_limits(state, __return__)
     """
     config = state.config
     bs = config.block_size
@@ -150,6 +158,14 @@ def walk(state: SchedulerState) -> Walk:
     return Walk(new_state, tuple(chunks), tuple(swapped_in), tuple(starved), failed)
 
 
+def offloads_freeze(
+    starved: tuple[tuple[str, int], ...], result: tuple[SchedulerState, tuple[Preemption, ...]]
+) -> bool:
+    """At most one victim per starved request, and an offload freezes admission (T9)."""
+    state, victims = result
+    return len(victims) <= len(starved) and (victims == () or state.admission_frozen)
+
+
 def offload(
     state: SchedulerState, starved: tuple[tuple[str, int], ...]
 ) -> tuple[SchedulerState, tuple[Preemption, ...]]:
@@ -164,8 +180,7 @@ def offload(
     With no victim nothing changes.
 
     pre: all(any(r.request_id == rid for r in state.running) for rid, _ in starved)
-    post: len(__return__[1]) <= len(starved)
-    post: __return__[1] == () or __return__[0].admission_frozen
+    post: offloads_freeze(starved, __return__)
     """
     config = state.config
     bs = config.block_size
@@ -205,6 +220,13 @@ def offload(
     ), tuple(preempted)
 
 
+def offloading_planned(state: SchedulerState, result: tuple[SchedulerState, StepPlan]) -> bool:
+    """The plan is this step's, samples nothing yet, and preempts each victim once."""
+    plan = result[1]
+    victims = [p.request_id for p in plan.preempted]
+    return plan.step == state.num_steps and plan.sampled == () and len(set(victims)) == len(victims)
+
+
 def schedule_offloading(state: SchedulerState) -> tuple[SchedulerState, StepPlan]:
     """Phases A-C under transformers/offload-starved: walk, offload, walk again (T2-T9).
 
@@ -215,8 +237,7 @@ def schedule_offloading(state: SchedulerState) -> tuple[SchedulerState, StepPlan
     (``continuous_api.py:506-509``), which R4 makes unreachable: a lone running request
     always fits, and with nothing running all blocks are free for any accepted request.
 
-    post: __return__[1].step == state.num_steps and __return__[1].sampled == ()
-    post: len({p.request_id for p in __return__[1].preempted}) == len(__return__[1].preempted)
+    post: offloading_planned(state, __return__)
     """
     preempted: tuple[Preemption, ...] = ()
     current = walk(state)

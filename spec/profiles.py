@@ -219,6 +219,12 @@ def victim_among_all_running(config: SchedulerConfig) -> bool:
 # --- vllm-v0 rules (V0-1 - V0-3) ------------------------------------------------------
 
 
+def first_by_profile(state: SchedulerState, first: bool) -> bool:
+    """Phase C first under nano-vllm, and under vllm-v0 while nothing is swapped."""
+    v0_first = not admits_after_swap_in(state.config) and not state.swapped
+    return first == (prefill_first(state.config) or v0_first)
+
+
 def admits_first(state: SchedulerState) -> bool:
     """Whether phase C runs first in this step, with the whole budget, every free block
     and the seats ``running`` leaves; a step that admits anyone is then that prefill
@@ -230,8 +236,8 @@ def admits_first(state: SchedulerState) -> bool:
     runs its decodes (``_schedule_running``) and swap-ins only
     ``if len(prefills.seq_groups) == 0``; kvsched runs A, B, C in every step.
 
-    post: __return__ == (prefill_first(state.config) or (state.config.semantics is Semantics.VLLM_V0 and not state.swapped))
-    """  # noqa: E501
+    post: first_by_profile(state, __return__)
+    """
     config = state.config
     return prefill_first(config) or (config.semantics is Semantics.VLLM_V0 and not state.swapped)
 
@@ -257,11 +263,19 @@ def reserved_blocks(config: SchedulerConfig) -> int:
     ``_can_swap`` with the GPU's watermark); its running requests' growth ignores it
     (``can_append_slots``, ``:207-234``). 0 below 100 blocks. Others: 0.
 
-    post: __return__ == (watermark_blocks(config.num_gpu_blocks) if config.semantics is Semantics.VLLM_V0 else 0)
-    """  # noqa: E501
+    post: __return__ == (not admits_after_swap_in(config)) * watermark_blocks(config.num_gpu_blocks)
+    """
     if config.semantics is Semantics.VLLM_V0:
         return watermark_blocks(config.num_gpu_blocks)
     return 0
+
+
+def blocks_to_run_by_profile(
+    config: SchedulerConfig, computed: int, num_tokens: int, blocks: int
+) -> bool:
+    """At least the blocks the tokens need; more only under vllm-v0."""
+    need = blocks_needed(computed, num_tokens, config.block_size)
+    return blocks >= need and (config.semantics is Semantics.VLLM_V0 or blocks == need)
 
 
 def blocks_to_run(config: SchedulerConfig, computed: int, num_tokens: int) -> int:
@@ -279,9 +293,8 @@ def blocks_to_run(config: SchedulerConfig, computed: int, num_tokens: int) -> in
 
     pre: config.block_size >= 1
     pre: computed >= 0 and num_tokens >= 1
-    post: __return__ >= blocks_needed(computed, num_tokens, config.block_size)
-    post: config.semantics is Semantics.VLLM_V0 or __return__ == blocks_needed(computed, num_tokens, config.block_size)
-    """  # noqa: E501
+    post: blocks_to_run_by_profile(config, computed, num_tokens, __return__)
+    """
     bs = config.block_size
     if config.semantics is Semantics.VLLM_V0:
         return cdiv(computed + num_tokens, bs) - computed // bs
@@ -474,6 +487,16 @@ def skips_unfit(config: SchedulerConfig) -> bool:
     return offloads_starved(config) or reserves_generation(config)
 
 
+def interleaved(
+    swapped: tuple[RequestState, ...],
+    waiting: tuple[RequestState, ...],
+    order: tuple[RequestState, ...],
+) -> bool:
+    """``order`` holds every swapped and waiting request once, an offloaded one first."""
+    every = sorted(map(id, order)) == sorted(map(id, (*swapped, *waiting)))
+    return every and order[:1] == (swapped[:1] or waiting[:1])
+
+
 def interleave_offloaded(
     swapped: tuple[RequestState, ...], waiting: tuple[RequestState, ...]
 ) -> tuple[RequestState, ...]:
@@ -484,8 +507,7 @@ def interleave_offloaded(
     the spec's ``waiting``), each in queue order, and alternates them, offloaded first
     (``scheduler.py:282-297``). kvsched serves ``swapped`` before ``waiting`` (R7, R8).
 
-    post: sorted(map(id, __return__)) == sorted(map(id, (*swapped, *waiting)))
-    post: __return__[:1] == (swapped[:1] or waiting[:1])
+    post: interleaved(swapped, waiting, __return__)
     """
     ordered: list[RequestState] = []
     for k in range(max(len(swapped), len(waiting))):
@@ -510,6 +532,13 @@ def in_safety_margin(config: SchedulerConfig, free: int) -> bool:
     return free >= SAFETY_MARGIN * config.num_gpu_blocks
 
 
+def storable_prefix(needs: Sequence[int], free: int, n: int) -> bool:
+    """The first ``n`` needs fit ``free`` one after the other, and the next does not."""
+    if not 0 <= n <= len(needs) or sum(needs[:n]) > free:
+        return False
+    return n == len(needs) or sum(needs[: n + 1]) > free
+
+
 def num_storable(needs: Sequence[int], free: int) -> int:
     """T5: how many of the starved requests, in order, get their blocks one by one.
 
@@ -518,9 +547,7 @@ def num_storable(needs: Sequence[int], free: int) -> int:
     not fit.
 
     pre: free >= 0 and all(n >= 0 for n in needs)
-    post: 0 <= __return__ <= len(needs)
-    post: sum(needs[:__return__]) <= free
-    post: __return__ == len(needs) or sum(needs[: __return__ + 1]) > free
+    post: storable_prefix(needs, free, __return__)
     """
     left = free
     for k, need in enumerate(needs):
@@ -544,8 +571,7 @@ def num_offloaded(needs: Sequence[int], held: Sequence[int], free: int, num_acti
 
     pre: len(needs) == len(held) and free >= 0 and num_active >= len(needs)
     pre: all(n >= 0 for n in needs) and all(h >= 0 for h in held)
-    post: 0 <= __return__ <= len(needs)
-    post: __return__ == 0 or num_active - __return__ >= 1
+    post: 0 <= __return__ <= len(needs) and (__return__ == 0 or num_active - __return__ >= 1)
     """
     count = 0
     while count < len(needs) and num_active - count > 1:

@@ -31,14 +31,20 @@ from spec.profiles import generation_blocks, skips_unfit, submission_order
 from spec.types import RequestState, ScheduledChunk, SchedulerState, StepPlan
 
 
+def reserving_planned(state: SchedulerState, result: tuple[SchedulerState, StepPlan]) -> bool:
+    """A plan that preempts and swaps nothing, within the budget and the free blocks."""
+    after, plan = result
+    quiet = plan.preempted == () and plan.swapped_in == ()
+    within = sum(plan.num_scheduled_tokens) <= state.config.max_num_batched_tokens
+    return quiet and within and after.num_free_gpu_blocks >= 0
+
+
 def schedule_reserving(state: SchedulerState) -> tuple[SchedulerState, StepPlan]:
     """Phases A-C under the tokenspeed profile (TS1-TS6).
 
     Returns the mid-step state and the plan, as ``spec.scheduler.schedule`` does.
 
-    post: __return__[1].preempted == () and __return__[1].swapped_in == ()
-    post: sum(__return__[1].num_scheduled_tokens) <= state.config.max_num_batched_tokens
-    post: __return__[0].num_free_gpu_blocks >= 0
+    post: reserving_planned(state, __return__)
     """
     config = state.config
     budget = config.max_num_batched_tokens

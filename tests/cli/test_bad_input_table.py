@@ -324,7 +324,7 @@ OPTION_CASES: list[tuple[str, tuple[str, ...], str]] = [
     ("vllm-v1-budget-below-seqs", ("run", "{w}", "--semantics", "vllm-v1", "--max-num-batched-tokens", "8", "--max-num-seqs", "16"), "--max-num-batched-tokens (8) must be >= --max-num-seqs (16)"),
     ("nano-vllm-chunked", ("run", "{w}", "--semantics", "nano-vllm", "--enable-chunked-prefill"), "no chunked prefill (use --no-enable-chunked-prefill)"),
     ("vllm-peer-swap", ("conform", "{w}", "--engine", "vllm", "--preemption-mode", "swap"), "--semantics vllm-v1: preemption by recompute only"),
-    ("max-model-len-without-vllm-v1", ("run", "{w}", "--max-model-len", "8"), "--max-model-len is a vllm-v1 setting"),
+    ("max-model-len-without-vllm-v1", ("run", "{w}", "--max-model-len", "8"), "--max-model-len is a vllm-v1 and vllm-v0 setting"),
 ]  # fmt: skip
 
 

@@ -39,7 +39,7 @@ RESTATEMENTS: dict[tuple[str, str], str] = {
     ("spec.profiles.victim_among_all_running", "Semantics.VLLM_V1 and"): "the body",
     ("spec.profiles.prefill_first", "Semantics.NANO_VLLM)"): "the body",
     ("spec.profiles.decode_unbudgeted", "Semantics.NANO_VLLM)"): "the body",
-    ("spec.profiles.running_capped", "is not Semantics.NANO_VLLM"): "the body",
+    ("spec.profiles.running_capped", "not in (Semantics.NANO_VLLM,"): "the body",
     ("spec.profiles.next_victim", "(1 if num_candidates > 1 else 0)"): "the body",
     ("spec.profiles.victim_next", "Semantics.NANO_VLLM)"): "the body",
     ("spec.profiles.nano_caching", "enable_prefix_caching"): "the body",

@@ -28,6 +28,10 @@ MACHINE = "tests/stateful/test_scheduler_differential.py"
 #: Collected first: they import bench/ and kvsched's CLI, which the machine's module
 #: alone does not, as a whole-suite run does.
 OTHERS = ("tests/bench", "tests/cli")
+#: Imported first as plugins (`-p`): benchmarks and commands the machine never imports,
+#: whose literals an unpinned pool would take in (the CLI and bench.run_all import
+#: them lazily, so collecting OTHERS alone may not).
+EXTRA_MODULES = ("bench.scheduler_overhead", "bench.queue_scaling", "kvsched.commands")
 
 
 def report(tmp_path: Path, *, others: bool, pinned: bool) -> str:
@@ -46,6 +50,8 @@ def report(tmp_path: Path, *, others: bool, pinned: bool) -> str:
         env[UNPINNED_ENV] = "1"
     paths = [*OTHERS, MACHINE] if others else [MACHINE]
     command = [sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider"]
+    if others:
+        command += [arg for module in EXTRA_MODULES for arg in ("-p", module)]
     proc = subprocess.run(
         [*command, *paths, "-k", "test_scheduler_differential"],
         cwd=ROOT,
