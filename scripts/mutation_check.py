@@ -857,8 +857,8 @@ MUTANTS: tuple[Mutant, ...] = (
             SPEC_PROFILES,
             "    post: __return__ == (offloads_starved(config) or reserves_generation(config))\n"
             '    """\n    return offloads_starved(config) or reserves_generation(config)\n'
-            "\n\ndef interleave_offloaded(",
-            '    """\n    return offloads_starved(config)\n\n\ndef interleave_offloaded(',
+            "\n\ndef interleaved(",
+            '    """\n    return offloads_starved(config)\n\n\ndef interleaved(',
         ),
         (
             RESERVE,
