@@ -86,7 +86,11 @@ HEAVY_PRECONDITIONS = ("check_state(", "kv_conserved_mid_step(", "plan_matches("
 """A function whose preconditions ask for a valid state (a transition, or a wrapper of
 one) is checked with the heavy budget; every other function with the light one."""
 
-HEAVY_HELPERS = ("spec.scheduler.release_victim", "spec.scheduler.prefill_fit")
+HEAVY_HELPERS = (
+    "spec.scheduler.release_victim",
+    "spec.scheduler.prefill_fit",
+    "spec.scheduler.profile_victim",
+)
 """Helpers of the transitions that hold their block accounting (so that CrossHair
 reaches it, docs/crosshair.md): checked with the heavy budget too."""
 
