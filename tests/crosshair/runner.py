@@ -63,7 +63,7 @@ PLUGIN = "tests/crosshair/plugin.py"
 
 BUDGET_LIGHT = 1.5
 """CPU seconds per postcondition for functions of plain values (most are exhausted sooner)."""
-BUDGET_HEAVY = 8.0
+BUDGET_HEAVY = 12.0
 """CPU seconds per postcondition for functions of whole states (``SchedulerState``...)."""
 BUDGET_DIFF = 3.0
 """CPU seconds per ``diffbehavior`` pair."""
