@@ -186,13 +186,18 @@ PREFIX_EVENTS: Final = frozenset(
     }
 )
 
+#: The required events of the vllm-v0 profile: unreachable where a subject draws no
+#: vllm-v0 config.
+VLLM_V0_EVENTS: Final = frozenset(
+    e for e in REQUIRED_EVENTS if e.startswith(("vllm-v0/", "config: semantics=vllm-v0"))
+)
+
 #: Our subjects with caching on never swap (caching refuses swap mode), and draw no
 #: vllm-v0 config (the profile does not model V0's prefix cache: its configs refuse
 #: caching); every other profile may cache, so every other event stays required.
 _UNREACHABLE_WITH_CACHING: Final = frozenset(
     {
-        *(e for e in REQUIRED_EVENTS if e.startswith("vllm-v0/")),
-        "config: semantics=vllm-v0",
+        *VLLM_V0_EVENTS,
         "config: mode=swap",
         "preempt: swap",
         "preempt: swap fell back to recompute (CPU pool full)",

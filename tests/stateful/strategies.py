@@ -25,8 +25,9 @@ SEMANTICS: Final = (
     Semantics.KVSCHED,
     Semantics.VLLM_V0,
 )
-#: The profiles that model a prefix cache (vllm-v0's configs refuse caching).
-CACHING_SEMANTICS: Final = tuple(s for s in SEMANTICS if s is not Semantics.VLLM_V0)
+#: Every profile but vllm-v0: the ones that model a prefix cache (vllm-v0's configs
+#: refuse caching), and the engine subject's (tests/stateful/subjects/engine.py).
+WITHOUT_VLLM_V0: Final = tuple(s for s in SEMANTICS if s is not Semantics.VLLM_V0)
 
 
 def printable_config(**fields: object) -> st.SearchStrategy[SchedulerConfig]:

@@ -41,10 +41,10 @@ from model import LlamaForCausalLM, build_tiny_model
 from spec.oracle import HashOracle
 from spec.types import PreemptionMode, SamplingParams, SchedulerConfig, Semantics
 from tests.oracles.metrics import MetricTrace, TraceStep, engine_mismatches
-from tests.stateful.coverage import PREFIX_REQUIRED_EVENTS, REQUIRED_EVENTS
+from tests.stateful.coverage import PREFIX_REQUIRED_EVENTS, REQUIRED_EVENTS, VLLM_V0_EVENTS
 from tests.stateful.failures import InjectedFault, fail, require
 from tests.stateful.sizes import Size, Sizes
-from tests.stateful.strategies import SEMANTICS, engine_configs
+from tests.stateful.strategies import WITHOUT_VLLM_V0, engine_configs
 from tests.stateful.subject import Note, Side, Subject
 from tests.stateful.subjects import OURS
 
@@ -281,28 +281,22 @@ class Engine(Subject):
 #: step's victims gave up (the case ``fault_restores_kv`` exists for).
 OVERWRITE_EVENT: Final = "fault: after the forward wrote into blocks a victim gave up"
 
-#: Every profile but vllm-v0, whose rules only change decisions that the same
-#: ``impl.Scheduler`` code makes under the scheduler subject (2,000 examples, every
-#: vllm-v0 event required there): a sixth of the engine's 400 examples for it left
+#: The engine draws every profile but vllm-v0, whose rules only change decisions that
+#: the same ``impl.Scheduler`` code makes under the scheduler subject (2,000 examples,
+#: every vllm-v0 event required there): a sixth of the engine's 400 examples for it left
 #: ``preempt: restart`` and vllm-v1's full-sequence gate unreached.
-ENGINE_SEMANTICS: Final = tuple(s for s in SEMANTICS if s is not Semantics.VLLM_V0)
-
 ENGINE = Engine(
     name="engine",
     machine="EngineDifferential",
     caps=OURS,
-    configs=engine_configs(ENGINE_SEMANTICS),
+    configs=engine_configs(WITHOUT_VLLM_V0),
     sizes=Sizes(
         ci=Size(400, 50),
         dev=Size(15, 25),
         nightly=Size(6_000, 60, targeting=True),
         mutation=Size(200, 30),
     ),
-    required=frozenset(
-        e
-        for e in REQUIRED_EVENTS | {OVERWRITE_EVENT}
-        if not e.startswith(("vllm-v0/", "config: semantics=vllm-v0"))
-    ),
+    required=(REQUIRED_EVENTS | {OVERWRITE_EVENT}) - VLLM_V0_EVENTS,
     vocab=VOCAB,
 )
 

@@ -22,7 +22,7 @@ from kvsched.peers.ours import SchedulerAdapter
 from spec.types import SchedulerConfig
 from tests.stateful.coverage import PREFIX_REQUIRED_EVENTS, REQUIRED_EVENTS, WATERMARK_EVENT
 from tests.stateful.sizes import Size, Sizes
-from tests.stateful.strategies import CACHING_SEMANTICS, engine_configs
+from tests.stateful.strategies import WITHOUT_VLLM_V0, engine_configs
 from tests.stateful.subject import Note, Side, Subject
 from tests.stateful.subjects import OURS
 from tests.stateful.toy import ToyModel
@@ -91,7 +91,7 @@ PREFIX_SCHEDULER = ToyScheduler(
     name="prefix-scheduler",
     machine="PrefixSchedulerDifferential",
     caps=replace(OURS, swap=False, caching=True),
-    configs=engine_configs(CACHING_SEMANTICS, prefix_caching=True),
+    configs=engine_configs(WITHOUT_VLLM_V0, prefix_caching=True),
     sizes=Sizes(
         ci=Size(1_000, 50),
         dev=Size(60, 40),
