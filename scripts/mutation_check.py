@@ -936,8 +936,18 @@ MUTANTS: tuple[Mutant, ...] = (
             "(self.prefill_first_unless_swapped and not self.swapped)",
             "self.prefill_first_unless_swapped",
         ),
-        # Both sides agree; Rule P sees the swapped head that fitted wait behind a prefill.
-        expect=("no_idle_wait",),
+        # Phase C's own gate (nothing admitted while a request is swapped) goes with it in
+        # the spec: the engine's phase C leaves that test to its caller.
+        (
+            SPEC_SCHED,
+            "    if draft.preempted or state.swapped or not state.waiting:\n",
+            "    if draft.preempted or (state.swapped and not admits_first(state))"
+            " or not state.waiting:\n",
+        ),
+        # Both sides agree; the plan invariant independent of both (spec.plan_violations:
+        # no admission while a request stays swapped) sees it, as would Rule P (the
+        # swapped head that fitted waits behind a prefill).
+        expect=("plan_valid", "no_idle_wait"),
         common_mode=True,
     ),
     mutant(
