@@ -104,6 +104,18 @@ def _request_violations(state: SchedulerState, queue: str, request: RequestState
             f"R2: {queue} request {rid!r} needs 1 <= computed < num_tokens, got "
             f"computed {computed}, num_tokens {request.num_tokens}"
         )
+    elif (
+        queue == "running"
+        and decode_unbudgeted(state.config)
+        and computed != request.num_tokens - 1
+    ):
+        # Found by CrossHair once it drew nano-vllm states freely: a running request with
+        # two tokens left would be scheduled whole, unbudgeted, past the step's limit.
+        found.append(
+            f"nano-vllm/decode-unbudgeted: running request {rid!r} has "
+            f"{request.num_tokens - computed} tokens to compute; without chunked prefill "
+            "a running request is one decode from its end"
+        )
     length = model_len(state.config)
     # vllm-v0/max-model-len accepts a prompt of exactly max_model_len tokens (it stops
     # at its first output); every other live request is below it.
@@ -187,7 +199,10 @@ def state_violations(state: SchedulerState) -> tuple[str, ...]:
       (shared blocks counted once), ``num_free_gpu_blocks`` is the free queue's
       length, each running request holds ``cdiv(computed, bs)`` distinct blocks, every
       key of a held block is its holder's computed prefix at that block, a shared block
-      has a key; with caching off there is no pool and no block id.
+      has a key; with caching off there is no pool and no block id;
+    - nano-vllm/decode-unbudgeted: a running request is one decode from its end (its
+      prefills are whole; found by CrossHair: a state with two tokens left would be
+      scheduled whole, unbudgeted, past the step's token limit).
     """
     found = _queue_violations(state)
     found.extend(_kv_violations(state))

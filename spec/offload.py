@@ -36,6 +36,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from spec.invariants import (
+    check_state,  # noqa: F401  (used by the PEP 316 contracts)
+    kv_conserved_mid_step,
+    live_ids_sorted,
+)
 from spec.kv import blocks_held
 from spec.profiles import (
     admission_frozen_after,
@@ -161,9 +166,23 @@ def walk(state: SchedulerState) -> Walk:
 def offloads_freeze(
     starved: tuple[tuple[str, int], ...], result: tuple[SchedulerState, tuple[Preemption, ...]]
 ) -> bool:
-    """At most one victim per starved request, and an offload freezes admission (T9)."""
+    """The victims are the newest of the starved, newest first (T5: which requests move),
+    and an offload freezes admission (T9)."""
     state, victims = result
-    return len(victims) <= len(starved) and (victims == () or state.admission_frozen)
+    newest = [rid for rid, _ in reversed(starved)]
+    return [v.request_id for v in victims] == newest[: len(victims)] and (
+        victims == () or state.admission_frozen
+    )
+
+
+def newest_starved(requests: list[RequestState], count: int) -> list[RequestState]:
+    """T5: the last ``count`` of the starved ``requests`` (in walk order), newest first
+    (``offload_requests`` pops them from the end of its list).
+
+    pre: 0 <= count <= len(requests)
+    post: len(__return__) == count
+    """
+    return requests[len(requests) - count :][::-1]
 
 
 def offload(
@@ -180,6 +199,7 @@ def offload(
     With no victim nothing changes.
 
     pre: all(any(r.request_id == rid for r in state.running) for rid, _ in starved)
+    pre: all(n >= 1 for _, n in starved)
     post: offloads_freeze(starved, __return__)
     """
     config = state.config
@@ -194,7 +214,7 @@ def offload(
     count = num_offloaded(needs, held, state.num_free_gpu_blocks, len(state.running))
     if count == 0:
         return state, ()
-    victims = requests[len(requests) - count :][::-1]  # newest first
+    victims = newest_starved(requests, count)
     gone = {v.request_id for v in victims}
     others = tuple(r for r in state.running if r.request_id not in gone)
     free = state.num_free_gpu_blocks
@@ -221,10 +241,20 @@ def offload(
 
 
 def offloading_planned(state: SchedulerState, result: tuple[SchedulerState, StepPlan]) -> bool:
-    """The plan is this step's, samples nothing yet, and preempts each victim once."""
-    plan = result[1]
+    """The plan is this step's, samples nothing yet, and preempts each victim once; an
+    offload freezes admission (T9); blocks are conserved on both pools with every chunk
+    holding its blocks, and no request is lost. (The conservation test, with the most
+    branches, comes last: CrossHair explores a predicate's branches as paths too.)"""
+    after, plan = result
     victims = [p.request_id for p in plan.preempted]
-    return plan.step == state.num_steps and plan.sampled == () and len(set(victims)) == len(victims)
+    return (
+        plan.step == state.num_steps
+        and plan.sampled == ()
+        and len(set(victims)) == len(victims)
+        and (not victims or after.admission_frozen)
+        and live_ids_sorted(after) == live_ids_sorted(state)
+        and kv_conserved_mid_step(after, plan.scheduled)
+    )
 
 
 def schedule_offloading(state: SchedulerState) -> tuple[SchedulerState, StepPlan]:
@@ -237,6 +267,7 @@ def schedule_offloading(state: SchedulerState) -> tuple[SchedulerState, StepPlan
     (``continuous_api.py:506-509``), which R4 makes unreachable: a lone running request
     always fits, and with nothing running all blocks are free for any accepted request.
 
+    pre: check_state(state)
     post: offloading_planned(state, __return__)
     """
     preempted: tuple[Preemption, ...] = ()
@@ -268,4 +299,4 @@ def schedule_offloading(state: SchedulerState) -> tuple[SchedulerState, StepPlan
     return mid, plan
 
 
-__all__ = ["Walk", "candidates", "offload", "schedule_offloading", "walk"]
+__all__ = ["Walk", "candidates", "newest_starved", "offload", "schedule_offloading", "walk"]

@@ -273,9 +273,11 @@ def reserved_blocks(config: SchedulerConfig) -> int:
 def blocks_to_run_by_profile(
     config: SchedulerConfig, computed: int, num_tokens: int, blocks: int
 ) -> bool:
-    """At least the blocks the tokens need; more only under vllm-v0."""
-    need = blocks_needed(computed, num_tokens, config.block_size)
-    return blocks >= need and (config.semantics is Semantics.VLLM_V0 or blocks == need)
+    """The blocks the tokens need; under vllm-v0 also the partly filled last block they
+    write into (a decode that fits its last block still asks for one)."""
+    bs = config.block_size
+    touched = config.semantics is Semantics.VLLM_V0 and computed % bs > 0
+    return blocks == blocks_needed(computed, num_tokens, bs) + touched
 
 
 def blocks_to_run(config: SchedulerConfig, computed: int, num_tokens: int) -> int:
@@ -618,6 +620,13 @@ def reserves_generation(config: SchedulerConfig) -> bool:
     return config.semantics is Semantics.TOKENSPEED
 
 
+def live_within_reserve(request: RequestState) -> bool:
+    """A live request (fewer outputs than ``max_tokens``) whose ``max_tokens`` an
+    admission's reserve covers (at most ``RETRACTION_SAFE_STEPS``)."""
+    params = request.request.params
+    return len(request.output_token_ids) < params.max_tokens <= RETRACTION_SAFE_STEPS
+
+
 def generation_blocks(config: SchedulerConfig, request: RequestState) -> int:
     """**tokenspeed/reserve-generation** (TS1): the blocks an admission takes, and holds
     until the request finishes: the prompt plus every token it may generate,
@@ -626,7 +635,7 @@ def generation_blocks(config: SchedulerConfig, request: RequestState) -> int:
     decode tokens, at most ``max_new_tokens``). A chunk or a decode later takes no block
     (``ConsumeReservedTokens``). kvsched takes a chunk's blocks when it is scheduled.
 
-    pre: len(request.output_token_ids) < request.request.params.max_tokens <= RETRACTION_SAFE_STEPS
+    pre: live_within_reserve(request)
     post: __return__ >= cdiv(request.num_tokens, config.block_size)
     """
     params = request.request.params
@@ -666,9 +675,11 @@ def gpu_blocks_owned(config: SchedulerConfig, request: RequestState, num_cached:
     cached (its computed count, plus its chunk in the middle of a step).
 
     ``cdiv(num_cached, bs)``; under tokenspeed/reserve-generation its reserve,
-    ``generation_blocks``, from admission until it finishes.
+    ``generation_blocks``, from admission until it finishes (a live request's, within
+    ``RETRACTION_SAFE_STEPS``).
 
     pre: num_cached >= 0
+    pre: not reserves_generation(config) or live_within_reserve(request)
     post: __return__ >= 0
     """
     if reserves_generation(config):
@@ -689,7 +700,7 @@ def chunk_blocks(
     chunk none.
 
     pre: 0 <= start <= end
-    pre: len(request.output_token_ids) < request.request.params.max_tokens <= RETRACTION_SAFE_STEPS
+    pre: live_within_reserve(request)
     post: __return__ >= 0
     """
     if reserves_generation(config):

@@ -27,16 +27,31 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from spec.invariants import (
+    check_state,  # noqa: F401  (used by the PEP 316 contracts)
+    kv_conserved_mid_step,
+    live_ids_sorted,
+)
 from spec.profiles import generation_blocks, skips_unfit, submission_order
 from spec.types import RequestState, ScheduledChunk, SchedulerState, StepPlan
 
 
 def reserving_planned(state: SchedulerState, result: tuple[SchedulerState, StepPlan]) -> bool:
-    """A plan that preempts and swaps nothing, within the budget and the free blocks."""
+    """The plan is this step's, within the budget, preempts and swaps nothing; blocks are
+    conserved with every admitted request holding its reserve and no request is lost; and
+    (tokenspeed/prefill-first) a plan with a prefill chunk decodes no request."""
     after, plan = result
-    quiet = plan.preempted == () and plan.swapped_in == ()
-    within = sum(plan.num_scheduled_tokens) <= state.config.max_num_batched_tokens
-    return quiet and within and after.num_free_gpu_blocks >= 0
+    decoding = {r.request_id for r in state.running if r.decoding}
+    decodes = [rid for rid in plan.scheduled_ids if rid in decoding]
+    return (
+        plan.step == state.num_steps
+        and plan.preempted == ()
+        and plan.swapped_in == ()
+        and sum(plan.num_scheduled_tokens) <= state.config.max_num_batched_tokens
+        and (not decodes or len(decodes) == len(plan.scheduled))
+        and live_ids_sorted(after) == live_ids_sorted(state)
+        and kv_conserved_mid_step(after, plan.scheduled)
+    )
 
 
 def schedule_reserving(state: SchedulerState) -> tuple[SchedulerState, StepPlan]:
@@ -44,6 +59,7 @@ def schedule_reserving(state: SchedulerState) -> tuple[SchedulerState, StepPlan]
 
     Returns the mid-step state and the plan, as ``spec.scheduler.schedule`` does.
 
+    pre: check_state(state)
     post: reserving_planned(state, __return__)
     """
     config = state.config

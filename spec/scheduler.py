@@ -692,15 +692,20 @@ def swap_in_requests(draft: StepDraft) -> StepDraft:
 
 
 def waiting_admitted(before: StepDraft, after: StepDraft) -> bool:
-    """Phase C's contract: ``draft_violations``; ``waiting`` keeps its order minus the
-    admitted; nothing is admitted after a preemption or while a request is swapped."""
+    """Phase C's contract: nothing is admitted after a preemption or while a request is
+    swapped; the admitted are the first requests of the policy's order (head-of-line: a
+    request that does not fit stops phase C, none after it is tried); ``waiting`` keeps
+    its order minus the admitted; and ``draft_violations``."""
     admitted = {c.request_id for c in after.scheduled}
+    new = [c.request_id for c in after.scheduled[len(before.scheduled) :]]
+    order = _ids(get_policy(before.state.config.policy).order_waiting(before.state.waiting))
     idle = bool(before.preempted or before.state.swapped)
     return (
-        draft_violations(before, after) == ()
+        (after == before or not idle)
+        and new == order[: len(new)]
         and _ids(after.state.waiting)
         == [i for i in _ids(before.state.waiting) if i not in admitted]
-        and (after == before or not idle)
+        and draft_violations(before, after) == ()
     )
 
 
