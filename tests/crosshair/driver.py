@@ -14,6 +14,10 @@ returned (an input the builders or a precondition rejected). The runner
 (``tests/crosshair/runner.py``) reads these lines beside CrossHair's own. Everything
 else is ``python -m crosshair`` unchanged: the same arguments, output and exit status.
 
+It also tells the value builders which module's function is analysed
+(``tests.crosshair.ANALYSED``), so that a state given to one profile's own step
+(``spec.offload``, ``spec.reserve``) has that profile (``symbolic.DOMAINS``).
+
 It also gives each postcondition its own random sequence of paths. CrossHair starts
 the search of every condition from one fixed seed, so the postconditions of one
 function (the same arguments, the same branches) replay nearly the same first paths,
@@ -45,7 +49,7 @@ from typing import Any
 from crosshair import IgnoreAttempt, core
 from crosshair.main import main, short_describe_message
 
-from tests.crosshair import FIRST_ERROR
+from tests.crosshair import ANALYSED, FIRST_ERROR
 
 _counts: list[list[int]] = []  # [run, discarded] of the condition being analysed
 _seed: list[int] = []  # the seed of the condition being analysed
@@ -77,10 +81,12 @@ def _analyze_calltree(options: Any, conditions: Any) -> Any:
     start = len(_counts)
     post = conditions.post[0]
     _seed.append(zlib.crc32(f"{conditions.fn.__qualname__}: {post.expr_source}".encode()))
+    ANALYSED.append(f"{conditions.fn.__module__}.{conditions.fn.__qualname__}")
     try:
         analysis = _original_analyze_calltree(options, conditions)
     finally:
         _seed.pop()
+        ANALYSED.pop()
     run = sum(c[0] for c in _counts[start:])
     discarded = sum(c[1] for c in _counts[start:])
     del _counts[start:]

@@ -63,7 +63,7 @@ PLUGIN = "tests/crosshair/plugin.py"
 
 BUDGET_LIGHT = 1.5
 """CPU seconds per postcondition for functions of plain values (most are exhausted sooner)."""
-BUDGET_HEAVY = 12.0
+BUDGET_HEAVY = 16.0
 """CPU seconds per postcondition for functions of whole states (``SchedulerState``...)."""
 BUDGET_DIFF = 3.0
 """CPU seconds per ``diffbehavior`` pair."""
@@ -110,6 +110,7 @@ PREDICATES = {
     "spec.invariants.eos_sampled": "a predicate the contracts use",
     "spec.invariants.outputs_extended": "a predicate of phase D's contract",
     "spec.scheduler.plan_matches": "the precondition predicate of phase D",
+    "spec.profiles.live_within_reserve": "the precondition predicate of tokenspeed's reserve",
     "spec.scheduler.draft_violations": "the predicate of the phases' contracts",
     "spec.scheduler.samples": "a predicate of one chunk",
     "spec.contracts.within_bounds": "the size predicate of the wrappers",
@@ -495,9 +496,19 @@ def evaluate(targets: Sequence[Target], runs: Sequence[Run]) -> Verdict:
                 verdict.errors.append(line)
     for target in targets:
         module = verdict.modules.setdefault(target.name.rsplit(".", 1)[0], ModuleTally())
+        # A callee's broken precondition is reported at the call's line, not the
+        # condition's, naming the analysed function: its condition's counterexample.
+        calling = f"when calling {target.name.rsplit('.', 1)[1]}("
+        inside = [
+            msg
+            for (file, _), (kind, msg) in reported.items()
+            if file == str(target.file) and kind == "error" and calling in msg
+        ]
         for lineno in target.conditions:
             key = (str(target.file), lineno)
             kind, message = reported.get(key, ("missing", ""))
+            if kind == "missing" and inside and len(target.conditions) == 1:
+                kind, message = "error", inside[0]
             where = f"{_shown(target.file)}:{lineno} ({target.name})"
             if kind == "error":
                 outcome = COUNTEREXAMPLE

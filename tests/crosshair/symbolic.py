@@ -60,10 +60,13 @@ from spec.contracts import (
 )
 from spec.kv import blocks_held, largest_prefill, max_cached_tokens
 from spec.policies import POLICIES, Policy
+from spec.prefix_cache import block_key, request_tokens
+from spec.profiles import generation_blocks
 from spec.scheduler import StepDraft, sampling_request_ids, schedule
 from spec.types import (
     ConfigError,
     PreemptionMode,
+    PrefixCacheState,
     Request,
     RequestState,
     SamplingParams,
@@ -73,6 +76,7 @@ from spec.types import (
     Semantics,
     StepPlan,
 )
+from tests.crosshair import ANALYSED
 
 # CrossHair's tracing switches and its "discard this path" exception are untyped.
 NoTracing = cast(Callable[[], AbstractContextManager[None]], crosshair.NoTracing)
@@ -111,6 +115,23 @@ def assume(p: SymbolicFactory, condition: object) -> None:
             p.space.add(condition)
         elif not condition:
             raise IgnoreAttempt("assumption is false")
+
+
+def require(p: SymbolicFactory, condition: object) -> None:
+    """Like ``assume``, but the path is dropped at once if the solver cannot meet
+    ``condition`` with the constraints added before it.
+
+    For the constraints that can contradict the earlier ones (a computed count that fills
+    its blocks exactly, beside R4 and the lengths' bounds): ``assume`` adds them unchecked,
+    and realizing a value on an unsatisfiable path then stops CrossHair itself
+    ("Unexpected unsat from solver", seen on the prefix-cache states).
+    """
+    with NoTracing():
+        if not hasattr(condition, "var"):
+            if not condition:
+                raise IgnoreAttempt("requirement is false")
+        elif not p.space.choose_possible(condition.var, probability_true=1.0):
+            raise IgnoreAttempt("requirement cannot be met")
 
 
 def prefer(p: SymbolicFactory, condition: object) -> None:
@@ -179,61 +200,144 @@ def choose_mode(p: SymbolicFactory) -> PreemptionMode:
 KVSCHED_SHARE = 0.8
 """The share of a state's paths under the kvsched profile; the peer profiles split the rest.
 
-Most of the transitions' rules (and the planted table's bugs) are kvsched's; vllm-v1 and
-nano-vllm change a few gates, the victim and the budget, so a tenth of the paths each
-(measured: at a quarter each, four of phase A's and C's planted bugs were missed in the
-budget at a load of 10)."""
+Most of the transitions' rules (and the planted table's bugs) are kvsched's; the peer
+profiles change a few gates, the victim and the budget, so they share a fifth of the paths
+(measured: with a quarter each for kvsched, vllm-v1 and nano-vllm, four of phase A's and
+C's planted bugs were missed in the budget at a load of 10). The modules that hold one
+profile's own step get that profile alone (``DOMAINS``)."""
+
+PHASED = (Semantics.KVSCHED, Semantics.VLLM_V1, Semantics.NANO_VLLM, Semantics.VLLM_V0)
+"""The profiles whose step is phases A-C (a ``StepDraft``'s): transformers' and
+TokenSpeed's steps are their own walks (``spec.offload``, ``spec.reserve``)."""
+
+SWAPS = (Semantics.KVSCHED, Semantics.VLLM_V0, Semantics.TRANSFORMERS)
+"""The profiles with a CPU pool (swap preemption, transformers' offload to the CPU)."""
+
+CACHES = (Semantics.KVSCHED, Semantics.VLLM_V1)
+"""The profiles whose states are built with a prefix-cache pool on some paths
+(``CACHING_SHARE``). nano-vllm's cache (last-key-wins, drop-key-on-free) is reached at its
+helpers only; the other profiles do not model caching (``ConfigError``)."""
+
+CACHING_SHARE = 0.5
+"""The share of a caching profile's paths with prefix caching on (decided before the
+preemption mode, which is then recompute or restart); with a waiting focus
+``CACHING_SHARE_ADMITTING`` (measured: at 0.3 of the paths outside swap mode, the
+planted admission bugs over a pool were missed in the budget)."""
+CACHING_SHARE_ADMITTING = 0.75
+
+DOMAINS: dict[str, tuple[Semantics, ...]] = {
+    "spec.offload": (Semantics.TRANSFORMERS,),
+    "spec.reserve": (Semantics.TOKENSPEED,),
+    # The rule of these two profiles (prefill-first); under the others it is False.
+    "spec.profiles.admits_first": (Semantics.NANO_VLLM, Semantics.VLLM_V0),
+}
+"""The profiles a module's (or one function's) rules are defined for; every other function
+gets every profile. Without this a transformers-only walk would see a transformers state
+on one path in twenty-five, and its contract would be checked on kvsched's states."""
 
 
-def choose_semantics(p: SymbolicFactory, kvsched: float) -> Semantics:
-    """A profile per path: kvsched on ``kvsched`` of the paths, vllm-v1 and nano-vllm
-    alike on the rest."""
-    if choose(p, "_semantics_is_kvsched", kvsched):
+def analysed_domain() -> tuple[Semantics, ...]:
+    """The profiles of the function CrossHair analyses now (``ANALYSED``, set by the driver):
+    its own entry in ``DOMAINS``, else its module's, else every profile."""
+    name = ANALYSED[-1] if ANALYSED else ""
+    module = name.rsplit(".", 1)[0]
+    for key in (name, module):
+        if key in DOMAINS:
+            return DOMAINS[key]
+    return tuple(Semantics)
+
+
+def choose_semantics(p: SymbolicFactory, kvsched: float, allowed: Sequence[Semantics]) -> Semantics:
+    """A profile of ``allowed`` per path: kvsched (if allowed) on ``kvsched`` of the paths,
+    the others alike on the rest."""
+    peers = [s for s in allowed if s is not Semantics.KVSCHED]
+    if Semantics.KVSCHED in allowed and (not peers or choose(p, "_semantics_is_kvsched", kvsched)):
         return Semantics.KVSCHED
-    return choose_one(p, "_semantics", (Semantics.VLLM_V1, Semantics.NANO_VLLM))
+    return choose_one(p, "_semantics", peers)
 
 
 @dataclass(frozen=True)
 class Profile:
-    """A profile's config-time constraints (``SchedulerConfig._check_vllm_v1`` /
-    ``_check_nano_vllm``), chosen concretely so that no path is spent on a ``ConfigError``."""
+    """A profile's config-time constraints (``SchedulerConfig._check_*``), chosen
+    concretely so that no path is spent on a ``ConfigError``."""
 
     semantics: Semantics
     mode: PreemptionMode
     policy: str
     chunked: bool
     block_size: int
+    caching: bool = False
 
 
 def choose_profile(
-    p: SymbolicFactory, kvsched: float, mode: PreemptionMode | None = None
+    p: SymbolicFactory,
+    kvsched: float,
+    mode: PreemptionMode | None = None,
+    allowed: Sequence[Semantics] | None = None,
+    caching_share: float = CACHING_SHARE,
 ) -> Profile:
-    """The profile and the fields it constrains. ``mode`` forces that preemption mode
-    (and so kvsched, for swap); otherwise every mode the profile allows."""
-    semantics = Semantics.KVSCHED if mode is PreemptionMode.SWAP else choose_semantics(p, kvsched)
+    """The profile (one of ``allowed``, by default ``analysed_domain``) and the fields it
+    constrains. ``mode`` forces that preemption mode (swap: a profile of ``SWAPS``, unless
+    none is allowed); otherwise every mode the profile allows. A profile of ``CACHES``
+    has prefix caching on ``caching_share`` of the paths not forced to swap."""
+    domain = tuple(allowed or analysed_domain())
+    if mode is PreemptionMode.SWAP:
+        swapping = tuple(s for s in domain if s in SWAPS)
+        domain, mode = (swapping, mode) if swapping else (domain, None)
+    semantics = choose_semantics(p, kvsched, domain)
+    caching = (
+        semantics in CACHES
+        and mode is not PreemptionMode.SWAP
+        and choose(p, "_enable_prefix_caching", caching_share)
+    )
+    recompute_or_swap = (PreemptionMode.RECOMPUTE, PreemptionMode.SWAP)
     if semantics is Semantics.KVSCHED:
-        return Profile(
+        no_swap = (PreemptionMode.RECOMPUTE, PreemptionMode.RESTART)
+        if mode is None and caching:
+            mode = choose_one(p, "_preemption_mode", no_swap)
+        profile = Profile(
             semantics,
             mode or choose_mode(p),
             choose_policy(p),
             choose(p, "_enable_chunked_prefill", 0.5),
             concrete_int(p, "_block_size", 1, MAX_BLOCK_SIZE),
         )
-    if semantics is Semantics.VLLM_V1:
-        return Profile(
+    elif semantics is Semantics.VLLM_V1:
+        profile = Profile(
             semantics,
             PreemptionMode.RECOMPUTE,
             choose_one(p, "_policy", ("lifo", "priority")),
             choose(p, "_enable_chunked_prefill", 0.5),
             concrete_int(p, "_block_size", 1, MAX_BLOCK_SIZE),
         )
-    return Profile(
-        semantics,
-        PreemptionMode.RECOMPUTE,
-        "lifo",
-        False,
-        concrete_int(p, "_block_size", 2, MAX_BLOCK_SIZE),
-    )
+    elif semantics is Semantics.NANO_VLLM:
+        profile = Profile(
+            semantics,
+            PreemptionMode.RECOMPUTE,
+            "lifo",
+            False,
+            concrete_int(p, "_block_size", 2, MAX_BLOCK_SIZE),
+        )
+    elif semantics is Semantics.VLLM_V0:
+        profile = Profile(
+            semantics,
+            mode or choose_one(p, "_preemption_mode", recompute_or_swap),
+            "lifo",
+            False,
+            concrete_int(p, "_block_size", 1, MAX_BLOCK_SIZE),
+        )
+    elif semantics is Semantics.TRANSFORMERS:  # page_size >= 4: MAX_BLOCK_SIZE alone
+        mode = mode or choose_one(p, "_preemption_mode", recompute_or_swap)
+        profile = Profile(semantics, mode, "lifo", True, MAX_BLOCK_SIZE)
+    else:
+        profile = Profile(
+            semantics,
+            PreemptionMode.RECOMPUTE,
+            "lifo",
+            True,
+            concrete_int(p, "_block_size", 1, MAX_BLOCK_SIZE),
+        )
+    return replace(profile, caching=caching)
 
 
 def make_policy(p: SymbolicFactory) -> Policy:
@@ -242,18 +346,18 @@ def make_policy(p: SymbolicFactory) -> Policy:
 
 
 def make_config(p: SymbolicFactory) -> SchedulerConfig:
-    """A config alone: every profile (a third of the paths each), every field symbolic
-    within the ``MAX_CONFIG_*`` ranges and the profile's constraints."""
+    """A config alone: every profile (kvsched on a third of the paths, the others alike
+    on the rest), every field symbolic within the ``MAX_CONFIG_*`` ranges and the
+    profile's constraints."""
     profile = choose_profile(p, 1 / 3)
     num_gpu_blocks = bounded_int(p, "_num_gpu_blocks", 1, MAX_CONFIG_BLOCKS)
     budget = bounded_int(p, "_max_num_batched_tokens", 1, MAX_CONFIG_BUDGET)
     max_num_seqs = bounded_int(p, "_max_num_seqs", 1, MAX_CONFIG_SEQS)
     num_cpu_blocks = 0
-    if profile.semantics is Semantics.KVSCHED:
+    if profile.semantics in SWAPS:
         num_cpu_blocks = bounded_int(p, "_num_cpu_blocks", 0, MAX_CONFIG_BLOCKS)
     with ResumedTracing(), _dropped_if_inconsistent():
-        if profile.semantics is Semantics.VLLM_V1:
-            _assume_vllm_v1(p, num_gpu_blocks * profile.block_size, budget, max_num_seqs, profile)
+        _assume_profile(p, num_gpu_blocks * profile.block_size, budget, max_num_seqs, profile)
         return SchedulerConfig(
             num_gpu_blocks=num_gpu_blocks,
             block_size=profile.block_size,
@@ -263,20 +367,25 @@ def make_config(p: SymbolicFactory) -> SchedulerConfig:
             preemption_mode=profile.mode,
             num_cpu_blocks=num_cpu_blocks,
             policy=profile.policy,
+            enable_prefix_caching=profile.caching,
             semantics=profile.semantics,
         )
 
 
-def _assume_vllm_v1(
+def _assume_profile(
     p: SymbolicFactory, capacity: int, budget: int, max_num_seqs: int, profile: Profile
 ) -> None:
-    """vllm-v1's config checks on symbolic fields, as constraints: a budget of at least
-    ``max_num_seqs``, and a default ``max_model_len`` (the cache's capacity, or the budget
-    with chunked prefill off) of at least 2."""
-    assume(p, budget >= max_num_seqs)
-    assume(p, capacity >= 2)
-    if not profile.chunked:
-        assume(p, budget >= 2)
+    """The profile's config checks on symbolic fields, as constraints. vllm-v1: a budget
+    of at least ``max_num_seqs``, and a default ``max_model_len`` (the cache's capacity,
+    or the budget with chunked prefill off) of at least 2; vllm-v0: the budget. (The
+    others' checks are on concrete fields; tokenspeed's cache of at most 4097 tokens
+    holds at these sizes.)"""
+    if profile.semantics in (Semantics.VLLM_V1, Semantics.VLLM_V0):
+        assume(p, budget >= max_num_seqs)
+    if profile.semantics is Semantics.VLLM_V1:
+        assume(p, capacity >= 2)
+        if not profile.chunked:
+            assume(p, budget >= 2)
 
 
 def _queue_lengths(
@@ -375,7 +484,13 @@ def make_state(p: SymbolicFactory) -> SchedulerState:
     are empty (measured: with every queue alike, aborting a swapped request was too
     rare to find its planted bug in the budget).
     """
-    focus = choose_one(p, "_focus", (None, "waiting", "running", "swapped"))
+    foci: tuple[str | None, ...] = (None, "waiting", "running", "swapped")
+    if analysed_domain() == (Semantics.TRANSFORMERS,):
+        # Its step's own work is offloading, which needs running requests that starve in
+        # a full pool: a running focus on 2 paths in 5 (measured: at 1 in 4,
+        # T-offload-not-frozen was missed in the budget).
+        foci = (*foci, "running")
+    focus = choose_one(p, "_focus", foci)
     return build_state(p, focus, QUEUE_GROWS if focus is None else OTHER_QUEUES_GROW)
 
 
@@ -403,16 +518,25 @@ def _dropped_if_inconsistent() -> Iterator[None]:
 
 
 def build_state(
-    p: SymbolicFactory, focus: str | None, grows: float = QUEUE_GROWS
+    p: SymbolicFactory,
+    focus: str | None,
+    grows: float = QUEUE_GROWS,
+    allowed: Sequence[Semantics] | None = None,
 ) -> SchedulerState:
     """A valid state; with a ``focus`` queue, shaped for the phase that serves it.
 
     ``running``: at least two running requests and a full GPU pool on 3 paths in 4
     (phase A preempts); ``swapped``: swap mode with a swapped request (phase B swaps
     in); ``waiting``: a waiting request and nothing swapped (phase C admits). Without
-    a focus, every mode and a full pool on ``POOL_FULL`` of the paths.
+    a focus, every mode and a full pool on ``POOL_FULL`` of the paths. The profile is
+    one of ``allowed`` (by default ``analysed_domain``); what a profile keeps in the
+    state is built by its rules: a prefix-cache pool (``_build_pool``), transformers'
+    and TokenSpeed's ``decoding`` flags (``_mark_decoding``) and submission order,
+    transformers' frozen admission, TokenSpeed's held ids.
     """
-    profile = choose_profile(p, KVSCHED_SHARE, PreemptionMode.SWAP if focus == "swapped" else None)
+    swap = PreemptionMode.SWAP if focus == "swapped" else None
+    caching = CACHING_SHARE_ADMITTING if focus == "waiting" else CACHING_SHARE
+    profile = choose_profile(p, KVSCHED_SHARE, swap, allowed, caching)
     mode = profile.mode
     num_waiting, num_running, num_swapped = _queue_lengths(p, mode, focus, grows)
     arrivals: list[int] = []
@@ -428,15 +552,32 @@ def build_state(
             requests.append(_make_request(p, index, queue, arrivals, mode))
             index += 1
         queues[queue] = tuple(requests)
-    free_gpu = bounded_int(p, "_num_free_gpu_blocks", 0)
+    queues["running"] = _mark_decoding(p, profile, queues["running"])
+    if profile.semantics is Semantics.NANO_VLLM:  # whole prefills: each is one decode away
+        with ResumedTracing():
+            for request in queues["running"]:
+                require(p, len(request.output_token_ids) >= 1)
+                require(p, request.num_computed_tokens == request.num_tokens - 1)
+    if profile.semantics is Semantics.TOKENSPEED:  # tokenspeed/submission-order
+        with ResumedTracing():
+            for queue in ("waiting", "running"):
+                for older, newer in zip(queues[queue], queues[queue][1:], strict=False):
+                    assume(p, older.request.arrival < newer.request.arrival)
+    free_gpu = 0 if profile.caching else bounded_int(p, "_num_free_gpu_blocks", 0)
     full = {None: POOL_FULL, "running": 0.75}.get(focus, 0.0)
     pool_full = full > 0 and choose(p, "_gpu_pool_full", full)
+    cache: PrefixCacheState | None = None
+    if profile.caching:
+        queues, cache = _build_pool(p, profile.block_size, queues, pool_full, focus)
+        free_gpu = len(cache.free_queue)
     # Phase A: the head's chunk capped by the budget (a prefill longer than it), on half
     # of the paths with a running focus.
     head_over_budget = focus == "running" and choose(p, "_head_over_budget", 0.5)
     free_cpu = 0
-    if profile.semantics is Semantics.KVSCHED:
+    if profile.semantics in SWAPS:
         free_cpu = bounded_int(p, "_num_free_cpu_blocks", 0)
+    frozen = profile.semantics is Semantics.TRANSFORMERS and choose(p, "_admission_frozen", 0.25)
+    held = profile.semantics is Semantics.TOKENSPEED and choose(p, "_ids_held", 0.25)
     budget = bounded_int(p, "_max_num_batched_tokens", 1)
     max_num_seqs = bounded_int(p, "_max_num_seqs", max(1, num_running))
     next_arrival = bounded_int(p, "_next_arrival", 0)
@@ -453,7 +594,15 @@ def build_state(
             next_arrival=next_arrival,
             num_steps=num_steps,
         )
-        if pool_full:
+        # transformers/admission-frozen; tokenspeed/finished-id-held: an id no live
+        # request has (a request that finished in the last step).
+        state = replace(
+            state,
+            prefix_cache=cache,
+            admission_frozen=frozen,
+            ids_held=(f"r{MAX_LIVE}",) if held else (),
+        )
+        if pool_full and cache is None:
             prefer(p, free_gpu == 0)
         if head_over_budget:
             head = state.running[0]
@@ -461,6 +610,138 @@ def build_state(
     with NoTracing():
         p.space.extra(_BuiltStates).states.append(state)
     return state
+
+
+TRACKS_DECODING = (Semantics.TRANSFORMERS, Semantics.TOKENSPEED)
+"""The profiles that keep ``RequestState.decoding`` (``spec.profiles.tracks_decoding``)."""
+
+
+def _mark_decoding(
+    p: SymbolicFactory, profile: Profile, running: tuple[RequestState, ...]
+) -> tuple[RequestState, ...]:
+    """The running requests' ``decoding`` flags under ``TRACKS_DECODING``'s profiles: on
+    a quarter of the paths one is mid-prefill (under transformers the newest, under tokenspeed
+    any), as ``single_prefill_violations`` allows; every other one has sampled since its
+    prefill, so it has an output and one token left to compute (a decode). Under
+    transformers 3 decodes in 4 start a new block, so that a full pool starves them
+    and the step offloads (measured: without it, T-offload-not-frozen was missed)."""
+    if profile.semantics not in TRACKS_DECODING or not running:
+        return running
+    prefilling: int | None = None
+    if choose(p, "_one_prefilling", 0.25):
+        last = len(running) - 1
+        newest = profile.semantics is Semantics.TRANSFORMERS
+        prefilling = last if newest else concrete_int(p, "_prefilling", 0, last)
+    marked: list[RequestState] = []
+    transformers = profile.semantics is Semantics.TRANSFORMERS
+    edges = [transformers and choose(p, f"_{r.request_id}_at_block_edge", 0.75) for r in running]
+    with ResumedTracing():
+        for k, request in enumerate(running):
+            if k == prefilling:
+                marked.append(request)
+                continue
+            require(p, len(request.output_token_ids) >= 1)
+            require(p, request.num_computed_tokens == request.num_tokens - 1)
+            if edges[k]:  # its decode needs a new block: in a full pool it starves
+                prefer(p, request.num_computed_tokens % profile.block_size == 0)
+            marked.append(replace(request, decoding=True))
+    return tuple(marked)
+
+
+MAX_HELD_BLOCKS = 2
+"""The most GPU blocks a running request holds in a state with a prefix-cache pool."""
+MAX_FREE_BLOCKS = 2
+"""The most free GPU blocks in a state with a prefix-cache pool."""
+
+
+def _build_pool(
+    p: SymbolicFactory,
+    block_size: int,
+    queues: dict[str, tuple[RequestState, ...]],
+    pool_full: bool,
+    focus: str | None,
+) -> tuple[dict[str, tuple[RequestState, ...]], PrefixCacheState]:
+    """The GPU pool of a state with prefix caching on (PC1, PC9): every block id concrete.
+
+    Each running request holds 1..``MAX_HELD_BLOCKS`` blocks, its computed count
+    constrained to fill them (the last one full on half of the paths), and each full
+    block has its key, the request's prefix at that block (PC2). From the second request
+    on, on 3 paths in 4 a request shares the first full block 0 of an earlier one, their
+    tokens then equal over it (a shared block has a key: PC9). The free queue holds
+    0..``MAX_FREE_BLOCKS`` blocks (none when ``pool_full``), each keyed on 3 paths in 4
+    with ``bs`` symbolic tokens (the cached prefix of a request gone since, PC6), on 3 in
+    4 of those the waiting head's first block, which it then hits (PC3, PC7). With a
+    waiting ``focus`` at least one block is free (else nothing could be admitted). (Measured:
+    with sharing and hits left to the solver's equalities, the planted admission and
+    preemption bugs over a pool were missed in the budget.)
+    """
+    bs = block_size
+    cached: list[tuple[tuple[int, ...], int]] = []
+    running: list[RequestState] = []
+    first: RequestState | None = None  # the first request whose block 0 is full
+    next_id = 0
+    for request in queues["running"]:
+        rid = request.request_id
+        num_blocks = concrete_int(p, f"_{rid}_num_blocks", 1, MAX_HELD_BLOCKS)
+        # The first request's block 0 full on most paths: the others can share it.
+        full = 0.75 if first is None else 0.5
+        num_full = num_blocks - 1 + choose(p, f"_{rid}_last_block_full", full)
+        shares = first is not None and num_full >= 1 and choose(p, f"_{rid}_shares", 0.75)
+        with ResumedTracing():
+            computed = request.num_computed_tokens
+            require(p, computed > (num_blocks - 1) * bs)
+            if num_full == num_blocks:
+                require(p, computed == num_blocks * bs)
+            else:
+                require(p, computed < num_blocks * bs)
+            tokens = request_tokens(request)
+            if first is not None and shares:
+                other = request_tokens(first)
+                for t in range(bs):
+                    require(p, tokens[t] == other[t])
+            block_ids: list[int] = []
+            for j in range(num_blocks):
+                if j == 0 and first is not None and shares:
+                    block_ids.append(first.block_ids[0])
+                    continue
+                if j < num_full:
+                    cached.append((block_key(tokens, j, bs), next_id))
+                block_ids.append(next_id)
+                next_id += 1
+            holder = replace(request, block_ids=tuple(block_ids))
+        if first is None and num_full >= 1:
+            first = holder
+        running.append(holder)
+    least = 1 if focus == "waiting" else 0
+    num_free = 0 if pool_full else concrete_int(p, "_num_free_blocks", least, MAX_FREE_BLOCKS)
+    free_queue = tuple(range(next_id, next_id + num_free))
+    head = queues["waiting"][0] if queues["waiting"] else None
+    for block in free_queue:
+        if not choose(p, f"_block_{block}_keyed", 0.75):
+            continue
+        key = tuple(p(int, f"_block_{block}_key_{t}") for t in range(bs))
+        if head is not None and choose(p, f"_block_{block}_hit", 0.75):
+            with ResumedTracing():  # the waiting head's first block: a hit (PC3)
+                # Its length first: ``request_tokens`` fixes the lengths it unpacks.
+                require(p, len(head.request.prompt_token_ids) + len(head.output_token_ids) > bs)
+                tokens = request_tokens(head)
+                for t in range(bs):
+                    require(p, key[t] == tokens[t])
+        cached.append((key, block))
+    pool = PrefixCacheState(free_queue=free_queue, cached=tuple(cached))
+    return {**queues, "running": tuple(running)}, pool
+
+
+def _owned_blocks(profile: Profile, request: RequestState) -> int:
+    """R2 by profile, between steps: the GPU blocks a running request owns (with caching
+    off): ``cdiv(computed, bs)``, and under tokenspeed/reserve-generation its reserve."""
+    if profile.semantics is Semantics.TOKENSPEED:
+        # ``generation_blocks`` reads the config's block size only.
+        sizing = SchedulerConfig(
+            num_gpu_blocks=1, block_size=profile.block_size, semantics=Semantics.TOKENSPEED
+        )
+        return generation_blocks(sizing, request)
+    return blocks_held(request.num_computed_tokens, profile.block_size)
 
 
 def _assemble_state(
@@ -475,25 +756,33 @@ def _assemble_state(
     next_arrival: int,
     num_steps: int,
 ) -> SchedulerState:
-    """The state from its parts, with the constraints that tie them (R2, R4; vllm-v1:
-    its config checks and R10's ``max_model_len``)."""
+    """The state from its parts, with the constraints that tie them (R2, R4; vllm-v1 and
+    vllm-v0: their config checks and R10's ``max_model_len``)."""
     block_size, chunked, mode = profile.block_size, profile.chunked, profile.mode
     live = (*queues["waiting"], *queues["running"], *queues["swapped"])
-    gpu_owned = sum(blocks_held(r.num_computed_tokens, block_size) for r in queues["running"])
+    if profile.caching:  # PC1: the distinct blocks held, a shared one counted once
+        gpu_owned = len({b for r in queues["running"] for b in r.block_ids})
+    else:
+        gpu_owned = sum(_owned_blocks(profile, r) for r in queues["running"])
     cpu_owned = sum(blocks_held(r.num_computed_tokens, block_size) for r in queues["swapped"])
     num_gpu_blocks = gpu_owned + free_gpu
     assume(p, num_gpu_blocks >= 1)
+    # A prefix-cache pool has a concrete size, which the requests built to fill their
+    # blocks may not fit: checked as added (``require``), else CrossHair stops.
+    fits = require if profile.caching else assume
     for request in live:
         prompt_len = len(request.request.prompt_token_ids)
         max_tokens = request.request.params.max_tokens
         assume(p, next_arrival > request.request.arrival)
-        # R4: every live request fits alone.
-        cached = max_cached_tokens(prompt_len, max_tokens)
-        assume(p, blocks_held(cached, block_size) <= num_gpu_blocks)
+        # R4: every live request fits alone (tokenspeed/submit-refusal: its reserve).
+        if profile.semantics is Semantics.TOKENSPEED:
+            assume(p, prompt_len + max_tokens <= num_gpu_blocks * block_size)
+        else:
+            cached = max_cached_tokens(prompt_len, max_tokens)
+            fits(p, blocks_held(cached, block_size) <= num_gpu_blocks)
         if not chunked:
             assume(p, largest_prefill(prompt_len, max_tokens, mode) <= budget)
-    if profile.semantics is Semantics.VLLM_V1:
-        _assume_vllm_v1(p, num_gpu_blocks * block_size, budget, max_num_seqs, profile)
+    _assume_profile(p, num_gpu_blocks * block_size, budget, max_num_seqs, profile)
     config = SchedulerConfig(
         num_gpu_blocks=num_gpu_blocks,
         block_size=block_size,
@@ -503,12 +792,13 @@ def _assemble_state(
         preemption_mode=mode,
         num_cpu_blocks=cpu_owned + free_cpu,
         policy=profile.policy,
+        enable_prefix_caching=profile.caching,
         semantics=profile.semantics,
     )
     length = config.max_model_len
     if length is not None:  # R10: a live request stops before max_model_len tokens
         for request in live:
-            assume(p, request.num_tokens < length)
+            fits(p, request.num_tokens < length)
     return SchedulerState(
         config=config,
         num_free_gpu_blocks=free_gpu,
@@ -547,8 +837,8 @@ def make_plan(p: SymbolicFactory) -> StepPlan:
         with ResumedTracing():
             if samples:
                 assume(p, n == request.num_tokens - computed)
-            else:
-                assume(p, n < request.num_tokens - computed)
+            else:  # none when it is one token from its end (a decode)
+                require(p, n < request.num_tokens - computed)
             chunks.append(ScheduledChunk(request_id=rid, start=computed, num_tokens=n))
     with ResumedTracing():
         plan = StepPlan.of(step=state.num_steps, scheduled=chunks)
@@ -660,7 +950,8 @@ def make_draft(p: SymbolicFactory) -> StepDraft:
     swapped a request in on too few paths to find its planted bugs in the budget).
     """
     focus = choose_one(p, "_draft_focus", ("running", "swapped", "waiting"))
-    state = build_state(p, focus)
+    phased = [s for s in analysed_domain() if s in PHASED]
+    state = build_state(p, focus, allowed=phased or PHASED)
     with ResumedTracing():
         return StepDraft(state=state, budget=state.config.max_num_batched_tokens)
 

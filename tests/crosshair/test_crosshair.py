@@ -161,6 +161,21 @@ def test_the_runner_fails_on_what_crosshair_did_not_analyse() -> None:
     assert cut_short.tally == {"counterexample": 1, "unanalysed": 2}
     crashed = evaluate([target], [output(code=2)])
     assert crashed.status == 2
+    # A callee's precondition broken inside the analysed function is reported at the
+    # call's line: the (single) condition's counterexample, not "unanalysed".
+    single = Target("spec.kv.g", spec_file, [20], heavy=False)
+    callee = evaluate(
+        [single],
+        [
+            output(
+                f'{spec_file}:26: error: PreconditionFailed: Precondition "n >= 0" was not '
+                'satisfied before calling "h" when calling g(-2)',
+                code=1,
+            )
+        ],
+    )
+    assert callee.status == 1
+    assert callee.tally == {"counterexample": 1}
 
 
 def test_the_state_crosshair_found_is_now_invalid() -> None:
@@ -216,6 +231,10 @@ def test_the_planted_table_covers_every_area() -> None:
     areas = {bug.where for bug in PLANTED}
     for area in ("phase A", "swap-in", "swap-out", "admission arithmetic", "preemption"):
         assert area in areas
+    # issue 25: every profile's rules and the transitions over a prefix-cache pool
+    for profile in ("vllm-v1", "nano-vllm", "vllm-v0", "transformers", "tokenspeed"):
+        assert any(f"({profile})" in area for area in areas), profile
+    assert "admission (caching)" in areas and "preemption (caching)" in areas
     for queue in ("waiting", "running", "swapped"):
         assert f"abort ({queue})" in areas
     assert any(bug.target == "spec.scheduler.complete_step" for bug in PLANTED)
