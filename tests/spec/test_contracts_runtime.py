@@ -32,12 +32,16 @@ from types import ModuleType
 from typing import Any
 from unittest import mock
 
+import pytest
 from hypothesis import HealthCheck, event, given, reject, settings
 from hypothesis import strategies as st
 
+import spec.kv
 import spec.lifecycle
+import spec.offload
 import spec.prefix_cache
 import spec.profiles
+import spec.reserve
 import spec.scheduler
 from spec import (
     ConfigError,
@@ -48,7 +52,7 @@ from spec import (
     init_state,
 )
 from spec.profiles import profile_defaults
-from spec.types import Semantics
+from spec.types import PreemptionMode, Semantics
 from tests.drain import drain_within
 from tests.oracles.pool import spec_pool_violations
 from tests.stateful.strategies import engine_configs, profile_configs
@@ -71,7 +75,9 @@ TRANSITIONS: dict[ModuleType, tuple[str, ...]] = {
         "full_sequence_fits",
         "whole_sequence_admissible",
         "longest_hit",
+        "schedule_reserving",  # spec.reserve's, as schedule calls it (tokenspeed)
     ),
+    spec.offload: ("walk", "offload", "schedule_offloading"),  # transformers
     spec.lifecycle: ("blocks_freed", "abort_request", "add_request"),
     spec.prefix_cache: (
         "block_key",
@@ -210,7 +216,9 @@ def test_contracts_hold_with_prefix_caching(config: SchedulerConfig, ops: list[A
 @RUNTIME
 @given(
     config=small_pools(
-        st.sampled_from((Semantics.VLLM_V1, Semantics.NANO_VLLM)).flatmap(profile_configs)
+        st.sampled_from((Semantics.VLLM_V1, Semantics.NANO_VLLM, Semantics.VLLM_V0)).flatmap(
+            profile_configs
+        )
     ),
     ops=OPS,
 )
@@ -239,8 +247,14 @@ def test_the_checker_reaches_every_transition_and_catches_a_false_contract() -> 
     ]
     calls: dict[str, int] = {}
     _run(config, ops, calls)
-    # No swap with caching on; nano-vllm's release is the peer profile test's.
-    unreached = {"swap_in_requests", "release_dropping_keys"}
+    # No swap with caching on; nano-vllm's release is the peer profile test's, the steps
+    # of transformers and tokenspeed are the seeded test's below.
+    unreached = {
+        "swap_in_requests",
+        "release_dropping_keys",
+        "schedule_reserving",
+        *TRANSITIONS[spec.offload],
+    }
     reached = {name for names in TRANSITIONS.values() for name in names} - unreached
     assert reached <= calls.keys(), reached - calls.keys()
     original = spec.scheduler.complete_step
@@ -282,13 +296,17 @@ def _seeded_ops(rng: random.Random) -> list[tuple[str, Any, int, int]]:
 
 def _seeded_config(rng: random.Random, semantics: Semantics, caching: bool) -> SchedulerConfig:
     """A small pool (4-12 blocks of 2 or 4) under ``semantics``, with caching on or off;
-    under vllm-v1 the ``priority`` policy on half of the runs."""
+    under vllm-v1 the ``priority`` policy on half of the runs; under vllm-v0 and
+    transformers swap preemption (a CPU pool of 0-8 blocks) on half of the runs."""
     defaults = profile_defaults(semantics)
     chunked = defaults.get("enable_chunked_prefill", True)
     priority = semantics is Semantics.VLLM_V1 and rng.random() < 0.5
+    swaps = semantics in (Semantics.VLLM_V0, Semantics.TRANSFORMERS) and rng.random() < 0.5
     while True:
         try:
             return SchedulerConfig(
+                preemption_mode=PreemptionMode.SWAP if swaps else PreemptionMode.RECOMPUTE,
+                num_cpu_blocks=rng.randint(0, 8) if swaps else 0,
                 num_gpu_blocks=rng.randint(4, 12),
                 block_size=rng.choice((2, 4)),
                 max_num_batched_tokens=rng.choice((4, 8, 16)),
@@ -323,6 +341,21 @@ def _runs_caught(
             except AssertionError:
                 caught += 1
     return caught
+
+
+@pytest.mark.parametrize("semantics", [Semantics.TRANSFORMERS, Semantics.TOKENSPEED])
+def test_contracts_hold_under_transformers_and_tokenspeed(semantics: Semantics) -> None:
+    """Their steps (``spec.offload``, ``spec.reserve``) on the seeded runs: every contract
+    holds, and the step's own is checked in most runs (not in one whose every request was
+    refused)."""
+    step = "schedule_offloading" if semantics is Semantics.TRANSFORMERS else "schedule_reserving"
+    checked = 0
+    for seed in range(SEEDED_RUNS):
+        rng = random.Random(seed)
+        calls: dict[str, int] = {}
+        _run(_seeded_config(rng, semantics, False), _seeded_ops(rng), calls)
+        checked += bool(calls.get(step))
+    assert checked >= SEEDED_RUNS * 3 // 4, f"{step} checked in {checked} of {SEEDED_RUNS} runs"
 
 
 def test_a_wrong_full_sequence_gate_fails_under_vllm_v1() -> None:
@@ -392,4 +425,72 @@ def test_a_whole_prompt_hit_fails() -> None:
         return num_tokens // block_size
 
     caught = _runs_caught(spec.prefix_cache, "max_hit_blocks", broken, Semantics.KVSCHED, True)
+    assert caught >= 1, f"caught in {caught} of {SEEDED_RUNS} runs"
+
+
+def test_a_wrong_victim_and_gate_fail_under_vllm_v0() -> None:
+    """vllm-v0 takes the last running request (lifo) and admits within the free blocks
+    less its watermark: the current request as the victim, and a chunk one block over the
+    free ones, are each caught."""
+
+    def first_candidate(config: Any, policy: Any, running: tuple[Any, ...], i: int) -> int:
+        return i
+
+    victim = _runs_caught(
+        spec.scheduler, "profile_victim", first_candidate, Semantics.VLLM_V0, False
+    )
+    assert victim >= 1, f"victim: caught in {victim} of {SEEDED_RUNS} runs"
+    original = spec.scheduler.prefill_fit
+
+    def one_over(request: Any, config: Any, *, free: int, **rest: int) -> int:
+        return int(original(request, config, free=free + 1, **rest))
+
+    gate = _runs_caught(spec.scheduler, "prefill_fit", one_over, Semantics.VLLM_V0, False)
+    assert gate >= 1, f"gate: caught in {gate} of {SEEDED_RUNS} runs"
+
+
+def test_a_short_reserve_fails_under_tokenspeed() -> None:
+    """tokenspeed/reserve-generation's admission gate reserving one block less than the
+    generation's (the request is then admitted one block over the free ones)."""
+    original = spec.profiles.generation_blocks
+
+    def short(config: Any, request: Any) -> int:
+        return int(original(config, request)) - 1
+
+    caught = _runs_caught(spec.reserve, "generation_blocks", short, Semantics.TOKENSPEED, False)
+    assert caught >= 1, f"caught in {caught} of {SEEDED_RUNS} runs"
+
+
+def test_a_gate_one_block_short_fails_under_transformers() -> None:
+    """transformers' walk counting a chunk's blocks one short (a candidate is scheduled
+    one block over the free ones)."""
+    original = spec.kv.blocks_held  # what spec.offload imported
+
+    def short(num_tokens: int, block_size: int) -> int:
+        return max(int(original(num_tokens, block_size)) - 1, 0)
+
+    caught = _runs_caught(spec.offload, "blocks_held", short, Semantics.TRANSFORMERS, False)
+    assert caught >= 1, f"caught in {caught} of {SEEDED_RUNS} runs"
+
+
+def test_an_offload_that_leaves_admission_open_fails_under_transformers() -> None:
+    """transformers/admission-frozen (T9): an offload that does not freeze admission."""
+
+    def open_after(frozen: bool, offloaded: bool, finished: bool) -> bool:
+        return frozen and not finished
+
+    caught = _runs_caught(
+        spec.offload, "admission_frozen_after", open_after, Semantics.TRANSFORMERS, False
+    )
+    assert caught >= 1, f"caught in {caught} of {SEEDED_RUNS} runs"
+
+
+def test_the_oldest_starved_as_victims_fails_under_transformers() -> None:
+    """transformers/offload-starved (T5) offloading the oldest starved requests, not the
+    newest (kvsched's own victim is the last candidate too)."""
+
+    def oldest(requests: list[Any], count: int) -> list[Any]:
+        return requests[:count]
+
+    caught = _runs_caught(spec.offload, "newest_starved", oldest, Semantics.TRANSFORMERS, False)
     assert caught >= 1, f"caught in {caught} of {SEEDED_RUNS} runs"
