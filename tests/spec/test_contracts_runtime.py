@@ -430,16 +430,15 @@ def test_a_whole_prompt_hit_fails() -> None:
 
 def test_a_wrong_victim_and_gate_fail_under_vllm_v0() -> None:
     """vllm-v0 takes the last running request (lifo) and admits within the free blocks
-    less its watermark: the current request as the victim, and a chunk one block over the
-    free ones, are each caught."""
+    less its watermark: the current request as the victim (under kvsched's ``lifo`` too),
+    and a chunk one block over the free ones, are each caught."""
 
     def first_candidate(config: Any, policy: Any, running: tuple[Any, ...], i: int) -> int:
         return i
 
-    victim = _runs_caught(
-        spec.scheduler, "profile_victim", first_candidate, Semantics.VLLM_V0, False
-    )
-    assert victim >= 1, f"victim: caught in {victim} of {SEEDED_RUNS} runs"
+    for semantics in (Semantics.VLLM_V0, Semantics.KVSCHED):
+        victim = _runs_caught(spec.scheduler, "profile_victim", first_candidate, semantics, False)
+        assert victim >= 1, f"{semantics} victim: caught in {victim} of {SEEDED_RUNS} runs"
     original = spec.scheduler.prefill_fit
 
     def one_over(request: Any, config: Any, *, free: int, **rest: int) -> int:
