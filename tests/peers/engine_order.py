@@ -5,7 +5,8 @@ Each scenario is a small workload on a small pool, chosen so that one behaviour 
 peer shows in its ``EngineStep`` records: an output in flight when its request finishes,
 is preempted or aborted; drafts all, none or partly accepted; a stop inside an accepted
 run. ``tests/peers/test_vllm_engine_order.py`` asserts what each shows;
-``scripts/vllm_engine_steps.py`` prints the traces (/work/notes/design-*.md quote them).
+``scripts/vllm_engine_steps.py`` prints the traces (docs/design/async-scheduling.md cites
+the source lines).
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
 ``SchedulerOutput`` holds in the scenarios of ``tests/peers/engine_order.py``.
 
 These pin vLLM 0.32's behaviour that issues 19 and 20 turn into spec rules
-(/work/notes/design-async.md, design-specdec.md); each test names the rule it shows.
+(docs/design/async-scheduling.md; the speculative-decoding notes were lost with an
+earlier machine); each test names the rule it shows.
 A greedy model (the oracle) must give every request the same outputs with either
 feature on as with both off: the first check of every scenario.
 """
