@@ -38,6 +38,7 @@ from spec.policies import (
     always_admit,
     get_policy,
     is_latest_priority,
+    lifo_victim,
     priority_victim,
     select_victim,
 )
@@ -386,20 +387,38 @@ def _ids(requests: tuple[RequestState, ...]) -> list[str]:
     return [r.request_id for r in requests]
 
 
+def newest_victims(before: StepDraft, after: StepDraft) -> bool:
+    """Which requests phase A preempts, where the victim is the last candidate (``lifo``
+    and ``reserve``'s ``lifo_victim``) among ``running[i:]`` (every profile but
+    nano-vllm/victim-next and vllm-v1/priority-victim-any-running): the newest running
+    requests, newest first (candidates are never scheduled ones, and a request whose
+    victim is itself ends phase A)."""
+    config = before.state.config
+    policy = get_policy(config.policy)
+    if policy.select_victim is not lifo_victim or victim_next(config):
+        return True
+    if victim_among_all_running(config):
+        return True
+    victims = [p.request_id for p in after.preempted[len(before.preempted) :]]
+    return victims == _ids(before.state.running)[::-1][: len(victims)]
+
+
 def running_served(before: StepDraft, after: StepDraft) -> bool:
-    """Phase A's contract: ``draft_violations``; the chunks are the head of ``running``,
-    in order; each request running before is running or preempted; the recomputed
-    victims are at the front of ``waiting``, the last preempted first, the swapped ones
-    at the tail of ``swapped``, in preemption order."""
+    """Phase A's contract: the victims by policy (``newest_victims``); the chunks are the
+    head of ``running``, in order; each request running before is running or preempted;
+    the recomputed victims are at the front of ``waiting``, the last preempted first,
+    the swapped ones at the tail of ``swapped``, in preemption order; and
+    ``draft_violations``."""
     scheduled = [c.request_id for c in after.scheduled]
     swap = [p.request_id for p in after.preempted if p.mode is PreemptionMode.SWAP]
     back = [p.request_id for p in reversed(after.preempted) if p.mode is not PreemptionMode.SWAP]
     return (
-        draft_violations(before, after) == ()
+        newest_victims(before, after)
         and scheduled == _ids(after.state.running[: len(scheduled)])
         and len(after.state.running) + len(after.preempted) == len(before.state.running)
         and _ids(after.state.waiting) == back + _ids(before.state.waiting)
         and _ids(after.state.swapped) == _ids(before.state.swapped) + swap
+        and draft_violations(before, after) == ()
     )
 
 

@@ -85,6 +85,15 @@ PLANTED: tuple[PlantedBug, ...] = (
         target="spec.scheduler.schedule_running",
     ),
     PlantedBug(
+        name="A-victim-is-the-requester",
+        where="victim choice",
+        bug="the request that needs blocks preempts itself, not the newest candidate (lifo)",
+        file="scheduler.py",
+        old="            k = profile_victim(config, policy, tuple(running), i)\n",
+        new="            k = i\n",
+        target="spec.scheduler.schedule_running",
+    ),
+    PlantedBug(
         name="A-swap-out-cpu-not-taken",
         where="swap-out",
         bug="a swapped-out victim's CPU blocks are not taken from the CPU free count",

@@ -102,6 +102,7 @@ PREDICATES = {
     "spec.prefix_cache.pool_violations": "PC1 and PC9, as readable lines",
     "spec.prefix_cache.nano_pool_violations": "nano-vllm's pool rules, as readable lines",
     "spec.scheduler.swapped_head_blocked": "R7's head-of-line rule, a predicate of phase B's",
+    "spec.scheduler.newest_victims": "phase A's victim rule, a predicate of its contract",
     "spec.invariants.check_state": "the validity predicate the contracts use",
     "spec.invariants.check_plan": "the step predicate the contracts use",
     "spec.invariants.kv_conserved_mid_step": "a predicate the contracts use",
