@@ -19,7 +19,11 @@ invalid states), within the sizes written down in ``spec.contracts``:
 - the config: ``block_size`` 1..``MAX_BLOCK_SIZE`` (concrete per path), every
   preemption mode, chunked prefill on and off, every registered policy; GPU and CPU
   pools of ``owned + free`` blocks with ``free >= 0`` unbounded (conservation, R2);
-  a budget and ``max_num_seqs`` that every request and the running queue fit.
+  a budget and ``max_num_seqs`` that every request and the running queue fit;
+- the profile: all six (``choose_profile``, ``DOMAINS`` for the functions of one
+  profile's own step), each with what it keeps in the state; for kvsched and vllm-v1 a
+  concrete prefix-cache pool on a share of the paths (``_build_pool``): block ids,
+  shared blocks, keyed free blocks, hits.
 
 A ``SchedulerConfig`` asked for alone gets the ``MAX_CONFIG_*`` ranges; a
 ``StepDraft`` is a valid state with the whole budget and nothing decided yet (the
