@@ -109,8 +109,6 @@ def _request_violations(state: SchedulerState, queue: str, request: RequestState
         and decode_unbudgeted(state.config)
         and computed != request.num_tokens - 1
     ):
-        # Found by CrossHair once it drew nano-vllm states freely: a running request with
-        # two tokens left would be scheduled whole, unbudgeted, past the step's limit.
         found.append(
             f"nano-vllm/decode-unbudgeted: running request {rid!r} has "
             f"{request.num_tokens - computed} tokens to compute; without chunked prefill "

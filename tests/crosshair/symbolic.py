@@ -196,11 +196,6 @@ def choose_policy(p: SymbolicFactory) -> str:
     return choose_one(p, "_policy", sorted(POLICIES))
 
 
-def choose_mode(p: SymbolicFactory) -> PreemptionMode:
-    """Every preemption mode, each on about a third of the paths."""
-    return choose_one(p, "_preemption_mode", list(PreemptionMode))
-
-
 KVSCHED_SHARE = 0.8
 """The share of a state's paths under the kvsched profile; the peer profiles split the rest.
 
@@ -273,6 +268,31 @@ class Profile:
     caching: bool = False
 
 
+@dataclass(frozen=True)
+class ProfileChoices:
+    """What a profile's config checks leave to choose: its preemption modes, its policies
+    (None: every registered one), chunked prefill (None: on or off) and the smallest
+    block size."""
+
+    modes: tuple[PreemptionMode, ...]
+    policies: tuple[str, ...] | None
+    chunked: bool | None
+    min_block_size: int
+
+
+RECOMPUTE_OR_SWAP = (PreemptionMode.RECOMPUTE, PreemptionMode.SWAP)
+CHOICES: dict[Semantics, ProfileChoices] = {
+    Semantics.KVSCHED: ProfileChoices(tuple(PreemptionMode), None, None, 1),
+    Semantics.VLLM_V1: ProfileChoices((PreemptionMode.RECOMPUTE,), ("lifo", "priority"), None, 1),
+    Semantics.NANO_VLLM: ProfileChoices((PreemptionMode.RECOMPUTE,), ("lifo",), False, 2),
+    Semantics.VLLM_V0: ProfileChoices(RECOMPUTE_OR_SWAP, ("lifo",), False, 1),
+    # transformers' page size is at least 4: MAX_BLOCK_SIZE alone.
+    Semantics.TRANSFORMERS: ProfileChoices(RECOMPUTE_OR_SWAP, ("lifo",), True, MAX_BLOCK_SIZE),
+    Semantics.TOKENSPEED: ProfileChoices((PreemptionMode.RECOMPUTE,), ("lifo",), True, 1),
+}
+"""Each profile's ``ProfileChoices`` (its ``SchedulerConfig._check_*``)."""
+
+
 def choose_profile(
     p: SymbolicFactory,
     kvsched: float,
@@ -281,9 +301,10 @@ def choose_profile(
     caching_share: float = CACHING_SHARE,
 ) -> Profile:
     """The profile (one of ``allowed``, by default ``analysed_domain``) and the fields it
-    constrains. ``mode`` forces that preemption mode (swap: a profile of ``SWAPS``, unless
-    none is allowed); otherwise every mode the profile allows. A profile of ``CACHES``
-    has prefix caching on ``caching_share`` of the paths not forced to swap."""
+    constrains (``CHOICES``), each a concrete choice (a single option is no choice). ``mode``
+    forces that preemption mode (swap: a profile of ``SWAPS``, unless none is allowed). A
+    profile of ``CACHES`` has prefix caching on ``caching_share`` of the paths not forced
+    to swap, and then no swap mode."""
     domain = tuple(allowed or analysed_domain())
     if mode is PreemptionMode.SWAP:
         swapping = tuple(s for s in domain if s in SWAPS)
@@ -294,54 +315,15 @@ def choose_profile(
         and mode is not PreemptionMode.SWAP
         and choose(p, "_enable_prefix_caching", caching_share)
     )
-    recompute_or_swap = (PreemptionMode.RECOMPUTE, PreemptionMode.SWAP)
-    if semantics is Semantics.KVSCHED:
-        no_swap = (PreemptionMode.RECOMPUTE, PreemptionMode.RESTART)
-        if mode is None and caching:
-            mode = choose_one(p, "_preemption_mode", no_swap)
-        profile = Profile(
-            semantics,
-            mode or choose_mode(p),
-            choose_policy(p),
-            choose(p, "_enable_chunked_prefill", 0.5),
-            concrete_int(p, "_block_size", 1, MAX_BLOCK_SIZE),
-        )
-    elif semantics is Semantics.VLLM_V1:
-        profile = Profile(
-            semantics,
-            PreemptionMode.RECOMPUTE,
-            choose_one(p, "_policy", ("lifo", "priority")),
-            choose(p, "_enable_chunked_prefill", 0.5),
-            concrete_int(p, "_block_size", 1, MAX_BLOCK_SIZE),
-        )
-    elif semantics is Semantics.NANO_VLLM:
-        profile = Profile(
-            semantics,
-            PreemptionMode.RECOMPUTE,
-            "lifo",
-            False,
-            concrete_int(p, "_block_size", 2, MAX_BLOCK_SIZE),
-        )
-    elif semantics is Semantics.VLLM_V0:
-        profile = Profile(
-            semantics,
-            mode or choose_one(p, "_preemption_mode", recompute_or_swap),
-            "lifo",
-            False,
-            concrete_int(p, "_block_size", 1, MAX_BLOCK_SIZE),
-        )
-    elif semantics is Semantics.TRANSFORMERS:  # page_size >= 4: MAX_BLOCK_SIZE alone
-        mode = mode or choose_one(p, "_preemption_mode", recompute_or_swap)
-        profile = Profile(semantics, mode, "lifo", True, MAX_BLOCK_SIZE)
-    else:
-        profile = Profile(
-            semantics,
-            PreemptionMode.RECOMPUTE,
-            "lifo",
-            True,
-            concrete_int(p, "_block_size", 1, MAX_BLOCK_SIZE),
-        )
-    return replace(profile, caching=caching)
+    rules = CHOICES[semantics]
+    modes = tuple(m for m in rules.modes if not (caching and m is PreemptionMode.SWAP))
+    mode = mode or choose_one(p, "_preemption_mode", modes)
+    policy = (
+        choose_policy(p) if rules.policies is None else choose_one(p, "_policy", rules.policies)
+    )
+    chunked = choose(p, "_enable_chunked_prefill", 0.5) if rules.chunked is None else rules.chunked
+    block_size = concrete_int(p, "_block_size", rules.min_block_size, MAX_BLOCK_SIZE)
+    return Profile(semantics, mode, policy, chunked, block_size, caching)
 
 
 def make_policy(p: SymbolicFactory) -> Policy:
@@ -488,13 +470,7 @@ def make_state(p: SymbolicFactory) -> SchedulerState:
     are empty (measured: with every queue alike, aborting a swapped request was too
     rare to find its planted bug in the budget).
     """
-    foci: tuple[str | None, ...] = (None, "waiting", "running", "swapped")
-    if analysed_domain() == (Semantics.TRANSFORMERS,):
-        # Its step's own work is offloading, which needs running requests that starve in
-        # a full pool: a running focus on 2 paths in 5 (measured: at 1 in 4,
-        # T-offload-not-frozen was missed in the budget).
-        foci = (*foci, "running")
-    focus = choose_one(p, "_focus", foci)
+    focus = choose_one(p, "_focus", (None, "waiting", "running", "swapped"))
     return build_state(p, focus, QUEUE_GROWS if focus is None else OTHER_QUEUES_GROW)
 
 
@@ -628,7 +604,8 @@ def _mark_decoding(
     any), as ``single_prefill_violations`` allows; every other one has sampled since its
     prefill, so it has an output and one token left to compute (a decode). Under
     transformers 3 decodes in 4 start a new block, so that a full pool starves them
-    and the step offloads (measured: without it, T-offload-not-frozen was missed)."""
+    and the step offloads (a probe reached such a state in 1.2 CPU s; the offload's own
+    planted bug is still missed in the budget: docs/crosshair.md)."""
     if profile.semantics not in TRACKS_DECODING or not running:
         return running
     prefilling: int | None = None
