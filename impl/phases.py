@@ -51,6 +51,7 @@ def schedule_running(sched: Scheduler, out: SchedulerOutput, budget: int) -> int
     # vllm-v0/append-touches-last-block: a chunk wants a free block for every block it
     # writes into, its partly filled last one too (V0's worst case, copy-on-write).
     touches_last = sched.append_touches_last_block
+    cap = sched.chunk_cap  # vllm-v1/long-prefill-cap
     capped = 0
     i = 0
     nrun = len(running)
@@ -58,8 +59,10 @@ def schedule_running(sched: Scheduler, out: SchedulerOutput, budget: int) -> int
         seq = running[i]
         computed = seq.num_computed
         n = remaining = seq.num_tokens - computed
-        if n > budget:
-            n = budget  # a prefill chunk cut by the budget: it does not sample
+        if 0 < cap < n:
+            n = cap
+        n = min(n, budget)
+        if n < remaining:  # a prefill chunk cut by the cap or the budget: it does not sample
             capped += 1
         table = seq.block_table
         end = computed + n
@@ -269,6 +272,7 @@ def admit(sched: Scheduler, out: SchedulerOutput, budget: int) -> int:
     watermark = sched.watermark
     full_sequence_gate = sched.full_sequence_gate
     whole_sequence_gate = sched.whole_sequence_gate
+    cap = sched.chunk_cap
     # nano-vllm/seq-limit-per-step: max_num_seqs counts this step's admissions only.
     room = config.max_num_seqs - (0 if sched.prefill_first else len(running))
     while len(waiting):
@@ -284,6 +288,9 @@ def admit(sched: Scheduler, out: SchedulerOutput, budget: int) -> int:
         start = len(hit) * bs
         n = seq.num_tokens - start
         samples = True
+        if 0 < cap < n:  # vllm-v1/long-prefill-cap, before chunked prefill off's test
+            n = cap
+            samples = False
         if n > budget:
             if not config.enable_chunked_prefill:
                 break

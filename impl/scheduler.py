@@ -113,6 +113,9 @@ class Scheduler:
         self.prompt_may_fill_model_len = semantics is Semantics.VLLM_V0
         #: vllm-v1/full-sequence-admission
         self.full_sequence_gate = semantics is Semantics.VLLM_V1
+        #: vllm-v1/long-prefill-cap: the most tokens a chunk takes in the step being
+        #: scheduled (0: none), set by ``schedule`` from the state the step starts from
+        self.chunk_cap = 0
         #: vllm-v1/priority-victim-any-running
         self.victim_any_running = semantics is Semantics.VLLM_V1 and config.policy == "priority"
         #: nano-vllm/admission-tests-len-seq
@@ -324,7 +327,9 @@ class Scheduler:
             out.num_batched_tokens = sum(out.num_scheduled)
             return out
         self.gpu.begin()
-        budget = self.config.max_num_batched_tokens
+        config = self.config
+        budget = config.max_num_batched_tokens
+        self.chunk_cap = self._long_prefill_cap()
         admit_first = self.prefill_first or (self.prefill_first_unless_swapped and not self.swapped)
         try:
             # Phases B and C only when someone is swapped or waiting: most steps are not.
@@ -357,6 +362,20 @@ class Scheduler:
         out.first_scheduled = len(self.running) - n if admit_first and out.num_admitted else 0
         out.scheduled = self.running[out.first_scheduled : out.first_scheduled + n]
         return out
+
+    def _long_prefill_cap(self) -> int:
+        """vllm-v1/long-prefill-cap: the threshold, off while at most one request is
+        running or waiting, floored at the budget's fair share when adaptive."""
+        config = self.config
+        threshold = config.long_prefill_token_threshold
+        if not threshold:
+            return 0
+        count = len(self.running) + len(self.waiting)
+        if count <= 1:
+            return 0
+        if config.long_prefill_token_threshold_adaptive:
+            return max(threshold, config.max_num_batched_tokens // count)
+        return threshold
 
     def commit(
         self, out: SchedulerOutput, sampled_token_ids: SequenceABC[int]

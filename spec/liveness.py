@@ -14,6 +14,7 @@ from spec.invariants import check_state  # noqa: F401  (used by the PEP 316 cont
 from spec.kv import cdiv
 from spec.profiles import (
     admits_after_swap_in,
+    least_chunk,
     prefill_first,
 )
 from spec.scheduler import TokenOracle, step
@@ -50,7 +51,9 @@ def worst_head_steps(request: RequestState, config: SchedulerConfig) -> int:
     """Steps a request can need as head, whatever happens to it before it gets there.
 
     Until it is head it may be preempted any number of times, losing its computed
-    tokens. Counting pessimistically from ``computed = 0``:
+    tokens. Counting pessimistically from ``computed = 0``, with ``B`` the fewest
+    tokens a head's chunk gets (``least_chunk``: the budget, or under
+    vllm-v1/long-prefill-cap ``min(budget, threshold)``):
 
     - restart mode may also discard its outputs: ``ceil(P / B) + M - 1``;
     - recompute and swap modes keep the outputs ``o`` (they only grow, and a swap that
@@ -66,7 +69,7 @@ def worst_head_steps(request: RequestState, config: SchedulerConfig) -> int:
     pre: len(request.output_token_ids) < request.request.params.max_tokens
     post: __return__ >= 1
     """
-    budget = config.max_num_batched_tokens
+    budget = least_chunk(config)
     prompt_len = len(request.request.prompt_token_ids)
     max_tokens = request.request.params.max_tokens
     if config.preemption_mode is PreemptionMode.RESTART:
@@ -120,7 +123,11 @@ def drain_step_bound(state: SchedulerState) -> int:
     it holds ``max_model_len`` tokens, which fit the GPU cache (and, chunked prefill off,
     one budget), so a lone request still fits (step 1); the full-sequence gate asks for
     ``cdiv(num_tokens, bs)`` blocks, all free when ``running`` is empty (step 3); and
-    finishing at ``max_model_len`` only ends a request sooner.
+    finishing at ``max_model_len`` only ends a request sooner. Under
+    vllm-v1/long-prefill-cap the head's chunk may be cut to ``T`` (the threshold; the
+    adaptive floor only raises it), so ``B`` above is ``least_chunk``'s ``min(B, T)``:
+    steps 1-3 hold as they are (the cut is a smaller chunk of the same request, and
+    a chunk of ``min(B, T)`` tokens needs no more blocks than the uncut one).
 
     ``nano-vllm``: a step that admits (nano-vllm/prefill-first) does not decode the
     head, so step 2 holds only for decode steps, and the head is never a victim
@@ -167,7 +174,7 @@ def lifo_drain_bound(state: SchedulerState) -> int:
     bound = 0
     others: tuple[RequestState, ...] = (*state.waiting, *state.swapped)
     if state.running:
-        bound += head_steps(state.running[0], config.max_num_batched_tokens)
+        bound += head_steps(state.running[0], least_chunk(config))
         others = (*state.running[1:], *others)
     for request in others:
         bound += worst_head_steps(request, config)

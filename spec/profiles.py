@@ -216,6 +216,71 @@ def victim_among_all_running(config: SchedulerConfig) -> bool:
     return config.semantics is Semantics.VLLM_V1 and config.policy == "priority"
 
 
+# --- vllm-v1/long-prefill-cap -------------------------------------------------------------
+
+
+def cap_by_profile(state: SchedulerState, cap: int) -> bool:
+    """``long_prefill_cap``'s contract: 0 (no cap) off vllm-v1, with no threshold or with
+    at most one request running or waiting; else at least the threshold, and exactly it
+    unless the adaptive floor is on."""
+    config = state.config
+    threshold = config.long_prefill_token_threshold
+    if threshold == 0 or len(state.running) + len(state.waiting) <= 1:
+        return cap == 0
+    if config.long_prefill_token_threshold_adaptive:
+        return cap >= threshold
+    return cap == threshold
+
+
+def long_prefill_cap(state: SchedulerState) -> int:
+    """**vllm-v1/long-prefill-cap**: the most tokens one chunk takes in the step that
+    starts from ``state``; 0 caps nothing.
+
+    With ``long_prefill_token_threshold`` ``T > 0`` and more than one request running or
+    waiting at the step's start, every chunk of phase A (a running request's) and of
+    phase C (a waiting one's, after its cache hit) is cut to ``T`` before the budget
+    cuts it: ``n = min(remaining, T, budget)`` (``v1/core/sched/scheduler.py:640-649``,
+    the cap off for a lone request, ``get_request_counts``; ``:708-712`` running;
+    ``:1155-1169`` waiting). In phase C the cut comes before chunked prefill off's "stop
+    if it exceeds the budget" test, so a capped prompt is chunked even with chunked
+    prefill off. With ``long_prefill_token_threshold_adaptive`` the cap is floored at
+    ``max_num_batched_tokens // (running + waiting)`` (``:650-655``). A decode (one
+    token) is never cut. kvsched and the other profiles have no such cap.
+
+    post: cap_by_profile(state, __return__)
+    """
+    config = state.config
+    threshold = config.long_prefill_token_threshold
+    count = len(state.running) + len(state.waiting)
+    if threshold == 0 or count <= 1:
+        return 0
+    if config.long_prefill_token_threshold_adaptive:
+        return max(threshold, config.max_num_batched_tokens // count)
+    return threshold
+
+
+def capped(num_tokens: int, cap: int) -> int:
+    """A chunk of ``num_tokens`` cut to ``cap`` (vllm-v1/long-prefill-cap; 0: no cap).
+
+    pre: num_tokens >= 1 and cap >= 0
+    post: 1 <= __return__ <= num_tokens and (cap == 0 or __return__ <= cap)
+    """
+    return num_tokens if cap == 0 else min(num_tokens, cap)
+
+
+def least_chunk(config: SchedulerConfig) -> int:
+    """The fewest tokens the head of ``running`` gets in a step while its chunk is cut
+    (the drain bound's ``B``): ``max_num_batched_tokens``, or under
+    vllm-v1/long-prefill-cap ``min(B, T)`` (the adaptive floor only raises ``T``; a
+    lone request is not cut at all).
+
+    post: 1 <= __return__ <= config.max_num_batched_tokens
+    """
+    threshold = config.long_prefill_token_threshold
+    budget = config.max_num_batched_tokens
+    return min(budget, threshold) if threshold else budget
+
+
 # --- vllm-v0 rules (V0-1 - V0-3) ------------------------------------------------------
 
 

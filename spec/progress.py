@@ -17,9 +17,11 @@ from spec.prefix_cache import grow, longest_hit, num_evictable, request_tokens
 from spec.profiles import (
     admits_after_swap_in,
     admits_first,
+    capped,
     chunk_blocks,
     full_sequence_fits,
     liveness_proved,
+    long_prefill_cap,
     reserved_blocks,
     running_capped,
     whole_sequence_admissible,
@@ -29,7 +31,8 @@ from spec.types import PrefixCacheState, RequestState, SchedulerConfig, Schedule
 
 @dataclass(frozen=True, slots=True)
 class _Left:
-    """What a step's first chunks left: budget, free GPU blocks, seats, and the pool.
+    """What a step's first chunks left: budget, free GPU blocks, seats, and the pool;
+    and the step's ``cap`` on a chunk (vllm-v1/long-prefill-cap, 0: none).
 
     ``cache`` is the GPU pool after those chunks with prefix caching on (the free queue
     and keys their touches, reclaims and new keys made), ``None`` with it off; then
@@ -40,6 +43,7 @@ class _Left:
     free: int
     seats: int
     cache: PrefixCacheState | None
+    cap: int
 
 
 def _left_after(before: SchedulerState, plan: StepPlan, upto: int) -> _Left:
@@ -82,7 +86,7 @@ def _left_after(before: SchedulerState, plan: StepPlan, upto: int) -> _Left:
             owned = longest_hit(cache, tokens, bs)[: chunk.start // bs]
         cache, _ = grow(config, cache, tokens, owned, start=chunk.start, end=end)
         free = len(cache.free_queue)
-    return _Left(budget, free, seats, cache)
+    return _Left(budget, free, seats, cache, long_prefill_cap(before))
 
 
 def _find(before: SchedulerState, request_id: str) -> RequestState:
@@ -105,13 +109,15 @@ def _fits(request: RequestState, config: SchedulerConfig, left: _Left, hit: tupl
     (``hit``, from ``_hit``: the pool as the earlier chunks left it, PC3), only the ``n``
     tokens after the hit are charged to the budget, and it needs its
     ``cdiv(h + n, bs) - k`` new blocks plus the hit blocks that sit in the free queue (PC4).
+    Its chunk is cut to the step's cap first, as phase C cuts it.
     """
     if left.seats <= 0 or left.budget <= 0:
         return 0
     bs = config.block_size
     num_hit, evictable = hit
     start = request.num_computed_tokens + num_hit * bs
-    n = chunk_for_prefill(request.num_tokens - start, left.budget, config.enable_chunked_prefill)
+    remaining = capped(request.num_tokens - start, left.cap)  # vllm-v1/long-prefill-cap
+    n = chunk_for_prefill(remaining, left.budget, config.enable_chunked_prefill)
     need = chunk_blocks(config, request, start, start + n, on_gpu=False) - num_hit + evictable
     if n > left.budget or need > left.free - reserved_blocks(config):  # vllm-v0/watermark
         return 0

@@ -56,11 +56,13 @@ from spec.profiles import (
     admits_after_swap_in,
     admits_first,
     blocks_to_run,
+    capped,
     decode_unbudgeted,
     full_sequence_fits,
     gpu_blocks_owned,
     held_after_finish,
     length_capped,
+    long_prefill_cap,
     next_victim,
     offloads_starved,
     reserved_blocks,
@@ -108,6 +110,19 @@ class StepDraft:
     swapped_in: tuple[str, ...] = ()
     #: The victims whose chunk of this step was undone (vllm-v1/priority-victim-any-running).
     undone: tuple[str, ...] = ()
+    #: The most tokens a chunk of this step takes, 0 for no cap (vllm-v1/long-prefill-cap:
+    #: ``long_prefill_cap`` of the state the step starts from).
+    long_prefill_cap: int = 0
+
+
+def first_draft(state: SchedulerState) -> StepDraft:
+    """The draft a step's first phase starts from: nothing decided, the whole budget,
+    and the step's ``long_prefill_cap`` (read from the state the step starts from)."""
+    return StepDraft(
+        state=state,
+        budget=state.config.max_num_batched_tokens,
+        long_prefill_cap=long_prefill_cap(state),
+    )
 
 
 def draft_violations(before: StepDraft, after: StepDraft) -> tuple[str, ...]:
@@ -142,7 +157,12 @@ def draft_violations(before: StepDraft, after: StepDraft) -> tuple[str, ...]:
     if after.budget != before.budget - charged or after.budget < 0:
         found.append(f"R5: budget {before.budget} -> {after.budget} for {len(new)} new chunks")
     running = {r.request_id: r for r in after.state.running}
+    cap = after.long_prefill_cap
+    if cap != before.long_prefill_cap:
+        found.append(f"R5: long-prefill cap {before.long_prefill_cap} -> {cap}")
     for chunk in new:
+        if cap and chunk.num_tokens > cap:
+            found.append(f"R5: chunk {chunk} over the long-prefill cap {cap}")
         request = running.get(chunk.request_id)
         if request is None:
             found.append(f"R5: chunk of {chunk.request_id!r}, which is not running")
@@ -429,7 +449,8 @@ def schedule_running(draft: StepDraft) -> StepDraft:
     ``budget > 0``:
 
     1. ``n = min(num_tokens - computed, budget)`` (a decode is 1 token; a request in the
-       middle of a chunked prefill takes the rest of its prompt, capped by the budget);
+       middle of a chunked prefill takes the rest of its prompt, capped by the budget,
+       and first by the step's ``long_prefill_cap`` under vllm-v1/long-prefill-cap);
     2. ``need = cdiv(computed + n, bs) - cdiv(computed, bs)``;
     3. while ``need > free`` (vllm-v0/append-touches-last-block: while fewer blocks are
        free than the chunk writes into, ``blocks_to_run``): the policy picks a victim
@@ -456,6 +477,7 @@ def schedule_running(draft: StepDraft) -> StepDraft:
     pre: check_state(draft.state)
     pre: draft.budget == draft.state.config.max_num_batched_tokens
     pre: draft.scheduled == () and draft.preempted == () and draft.swapped_in == ()
+    pre: draft.long_prefill_cap == long_prefill_cap(draft.state)
     post: running_served(draft, __return__)
     """
     state = draft.state
@@ -484,7 +506,7 @@ def schedule_running(draft: StepDraft) -> StepDraft:
         request = running[i]
         computed = request.num_computed_tokens
         remaining = request.num_tokens - computed
-        n = remaining if unbudgeted else min(remaining, budget)
+        n = remaining if unbudgeted else min(capped(remaining, draft.long_prefill_cap), budget)
         need = blocks_needed(computed, n, bs)
         while blocks_to_run(config, computed, n) > free:
             k = profile_victim(config, policy, tuple(running), i)
@@ -590,22 +612,26 @@ def prefill_fit(
     num_hit: int,
     budget: int,
     free: int,
+    cap: int = 0,
 ) -> int:
     """R7 steps 2-3, R8 steps 2-3 and PC4: the chunk a swapped or waiting request gets, or 0.
 
     The chunk starts at ``start``: a swapped request's computed count, a waiting one's
     cache hit of ``num_hit`` blocks, ``num_hit * bs`` tokens (0 with caching off).
-    ``n = chunk_for_prefill(num_tokens - start, budget, chunked)``; it does not fit (0)
+    ``n = chunk_for_prefill(num_tokens - start, budget, chunked)``, the remainder cut
+    first to the step's ``cap`` (vllm-v1/long-prefill-cap); it does not fit (0)
     if ``n > budget`` (an unchunked prefill larger than what is left) or if the
     ``cdiv(start + n, bs) - num_hit`` blocks it takes exceed ``free`` (a swapped one
     gets back the blocks of its computed prefix too; a hit's blocks exist already, and
     the caller leaves out of ``free`` those of them that sit in the free queue, PC4).
 
-    pre: budget >= 1 and free >= 0
+    pre: budget >= 1 and free >= 0 and cap >= 0
     pre: 0 <= num_hit * config.block_size <= start < request.num_tokens
     post: __return__ == 0 or chunk_fits(request, config, start, num_hit, budget, free, __return__)
+    post: cap == 0 or __return__ <= cap
     """
-    n = chunk_for_prefill(request.num_tokens - start, budget, config.enable_chunked_prefill)
+    remaining = capped(request.num_tokens - start, cap)
+    n = chunk_for_prefill(remaining, budget, config.enable_chunked_prefill)
     if n > budget or blocks_held(start + n, config.block_size) - num_hit > free:
         return 0
     return n
@@ -679,7 +705,12 @@ def swap_in_requests(draft: StepDraft) -> StepDraft:
             break
         computed = request.num_computed_tokens
         n = prefill_fit(
-            request, config, start=computed, num_hit=0, budget=budget, free=max(free - reserve, 0)
+            request,
+            config,
+            start=computed,
+            num_hit=0,
+            budget=budget,
+            free=max(free - reserve, 0),
         )
         if n == 0:
             break
@@ -738,7 +769,8 @@ def admit_waiting(draft: StepDraft) -> StepDraft:
     1. stop if ``len(running) >= max_num_seqs`` (nano-vllm/seq-limit-per-step: if this
        step admitted ``max_num_seqs`` already) or ``budget == 0``;
     2. ``n = min(num_tokens, budget)`` with chunked prefill on, else ``n = num_tokens``,
-       and stop if ``n > budget``;
+       and stop if ``n > budget``; under vllm-v1/long-prefill-cap ``num_tokens`` is first
+       cut to the step's cap (so a capped prompt is chunked even with chunked prefill off);
     3. stop if ``cdiv(n, bs) > free`` (vllm-v0/watermark: ``> free - watermark``), or
        (vllm-v1/full-sequence-admission) if
        ``cdiv(num_tokens, bs) > free`` (with a cache hit: less the hit blocks, plus
@@ -792,6 +824,7 @@ def admit_waiting(draft: StepDraft) -> StepDraft:
             num_hit=len(hit),
             budget=budget,
             free=max(free - evictable - reserve, 0),
+            cap=draft.long_prefill_cap,
         )
         if n == 0 or not full_sequence_fits(
             config, request, free, num_hit=len(hit), num_evictable=evictable
@@ -885,7 +918,7 @@ def schedule(state: SchedulerState) -> tuple[SchedulerState, StepPlan]:
         return schedule_offloading(state)
     if reserves_generation(state.config):
         return schedule_reserving(state)
-    draft = StepDraft(state=state, budget=state.config.max_num_batched_tokens)
+    draft = first_draft(state)
     if admits_first(state):
         admitted = admit_waiting(draft)
         draft = admitted if admitted.scheduled else schedule_running(draft)

@@ -161,6 +161,13 @@ class SchedulerConfig:
     #: watermark), and with chunked prefill off at most ``max_num_batched_tokens``
     #: (vLLM's own constraint, below).
     max_model_len: int | None = None
+    #: vllm-v1 only (vllm-v1/long-prefill-cap): the most tokens one chunk of a request
+    #: may take in a step that starts with more than one request running or waiting;
+    #: 0 (vLLM's default) caps nothing.
+    long_prefill_token_threshold: int = 0
+    #: vllm-v1 only: floor that cap at ``max_num_batched_tokens`` // the requests running
+    #: or waiting (vLLM's ``long_prefill_token_threshold_adaptive``).
+    long_prefill_token_threshold_adaptive: bool = False
 
     def __post_init__(self) -> None:
         for name in ("num_gpu_blocks", "block_size", "max_num_batched_tokens", "max_num_seqs"):
@@ -177,6 +184,16 @@ class SchedulerConfig:
             )
         if not isinstance(self.preemption_mode, PreemptionMode):
             raise ConfigError(f"unknown preemption_mode {self.preemption_mode!r}")
+        threshold = self.long_prefill_token_threshold
+        if not isinstance(threshold, int) or isinstance(threshold, bool) or threshold < 0:
+            raise ConfigError(
+                f"long_prefill_token_threshold must be a non-negative integer, got {threshold!r}"
+            )
+        if not isinstance(self.long_prefill_token_threshold_adaptive, bool):
+            raise ConfigError(
+                "long_prefill_token_threshold_adaptive must be a bool, "
+                f"got {self.long_prefill_token_threshold_adaptive!r}"
+            )
         if self.enable_prefix_caching and self.preemption_mode is PreemptionMode.SWAP:
             raise ConfigError(
                 "enable_prefix_caching needs recompute or restart preemption, not swap"
@@ -186,6 +203,14 @@ class SchedulerConfig:
         except ValueError:
             known = ", ".join(s.value for s in Semantics)
             raise ConfigError(f"unknown semantics {self.semantics!r} (known: {known})") from None
+        if self.semantics is not Semantics.VLLM_V1 and (
+            self.long_prefill_token_threshold or self.long_prefill_token_threshold_adaptive
+        ):
+            # vLLM V0 has one too, beside max_num_partial_prefills: not modelled.
+            raise ConfigError(
+                "long_prefill_token_threshold is a vllm-v1 setting; the "
+                f"{self.semantics} profile has no long-prefill cap"
+            )
         if self.semantics is Semantics.VLLM_V1:
             self._check_vllm_v1()
         elif self.semantics is Semantics.VLLM_V0:
@@ -233,6 +258,12 @@ class SchedulerConfig:
             raise ConfigError(
                 f"{prefix}: with chunked prefill off, max_num_batched_tokens "
                 f"({self.max_num_batched_tokens}) must be >= max_model_len ({length})"
+            )
+        if self.long_prefill_token_threshold > length:
+            # config/scheduler.py:352-357.
+            raise ConfigError(
+                f"{prefix}: long_prefill_token_threshold ({self.long_prefill_token_threshold}) "
+                f"cannot be greater than max_model_len ({length})"
             )
         if length > capacity:
             # v1/core/kv_cache_utils.py check_enough_kv_cache_memory: one max_model_len

@@ -40,12 +40,14 @@ each driven in the order vLLM's ``EngineCore`` drives it (v1/engine/core.py):
   ``post_step``: the fake model runner verifies the scheduled drafts greedily against
   the oracle (the longest prefix the oracle agrees with, then the oracle's next token),
   and the drafts of the next step go to the scheduler through
-  ``update_draft_token_ids``, as ``post_step`` hands them over;
-- ``long_prefill_token_threshold``: passed to vLLM's ``SchedulerConfig`` as is.
+  ``update_draft_token_ids``, as ``post_step`` hands them over.
 
-A lockstep run with any of them diverges from today's spec (which has none of them):
+A lockstep run with either of them diverges from today's spec (which has none of them):
 tests and scripts that drive vLLM alone set them, and ``last_step`` records what each
 step's ``SchedulerOutput`` held (``EngineStep``).
+
+``long_prefill_token_threshold`` and its adaptive floor are the config's (the spec
+models them: vllm-v1/long-prefill-cap) and go to vLLM's ``SchedulerConfig`` as they are.
 """
 
 from __future__ import annotations
@@ -208,7 +210,6 @@ class VllmOptions:
 
     async_scheduling: bool = False
     speculative: PromptLookupDrafter | None = None
-    long_prefill_token_threshold: int = 0
 
     def __post_init__(self) -> None:
         if self.async_scheduling and self.speculative is not None:
@@ -239,7 +240,8 @@ def _build(config: SchedulerConfig, options: VllmOptions) -> Any:
         enable_chunked_prefill=config.enable_chunked_prefill,
         policy=_POLICIES[config.policy],
         is_encoder_decoder=False,
-        long_prefill_token_threshold=options.long_prefill_token_threshold,
+        long_prefill_token_threshold=config.long_prefill_token_threshold,
+        long_prefill_token_threshold_adaptive=config.long_prefill_token_threshold_adaptive,
     )
     model_config = v["ModelConfig"](
         model=v["model_dir"],

@@ -215,8 +215,8 @@ def test_a_padded_new_decode_survives_a_smaller_long_prefill_cap() -> None:
     """spec-padded-new-decode with long_prefill_token_threshold 2 < 1 + 3 drafts: the
     step that admits r1 beside r0's decode must schedule it (padded or not)."""
     scenario = SCENARIOS["spec-padded-new-decode"]
-    options = replace(scenario.options, long_prefill_token_threshold=2)
-    result = trace(replace(scenario, options=options))
+    config = replace(scenario.config, long_prefill_token_threshold=2)
+    result = trace(replace(scenario, config=config))
     assert any(rid == "r1" for rid, _, _ in result.steps[1].scheduled)
 
 

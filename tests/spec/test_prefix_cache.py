@@ -20,7 +20,7 @@ from spec.prefix_cache import (
     unkey_undone_chunk,
 )
 from spec.profiles import full_sequence_fits
-from spec.scheduler import StepDraft, schedule_running, step
+from spec.scheduler import first_draft, schedule_running, step
 from spec.types import (
     ConfigError,
     PreemptionMode,
@@ -179,8 +179,7 @@ def test_no_hit_on_a_block_an_undone_chunk_keyed() -> None:
             r = pending.pop(0)
             state = spec.add_request(state, r.request_id, r.prompt, r.params)
         mid, _ = spec.schedule(state)
-        draft = StepDraft(state=state, budget=config.max_num_batched_tokens)
-        undone += len(schedule_running(draft).undone)
+        undone += len(schedule_running(first_draft(state)).undone)
         waiting = {r.request_id for r in state.waiting}
         state, plan = spec.step(state, HashOracle(vocab_size=256))
         blocks = {r.request_id: r.block_ids for r in mid.running}
