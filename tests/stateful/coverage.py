@@ -107,6 +107,10 @@ UNDONE_VICTIM_EVENT: Final = (
     "vllm-v1/priority-victim-any-running: a scheduled victim's chunk undone"
 )
 
+#: V11's second trigger's shape (docs/peers.md): with caching on, a victim's undone
+#: chunk was a prefill chunk, whose blocks the spec unkeys and vLLM leaves keyed.
+UNDONE_PREFILL_EVENT: Final = "vllm-v1/undone-chunk-unkeyed: an undone prefill chunk"
+
 #: vllm-v0/watermark needs a pool of 100 blocks or more (1% of it is the watermark) whose
 #: free blocks are exactly what the waiting or swapped head needs: a few examples in the
 #: scheduler subject's ci run, fewer than one in the engine's (the same
@@ -122,6 +126,10 @@ REQUIRED_EVENTS: Final = frozenset(
         # Each profile rule made a difference at least once (tests/stateful/events.py).
         "vllm-v1/max-model-len: length at max_model_len",
         "vllm-v1/full-sequence-admission: the gate held a request back",
+        "vllm-v1/long-prefill-cap: a chunk cut to the cap",
+        "vllm-v1/long-prefill-cap: a prompt chunked with chunked prefill off",
+        "vllm-v1/long-prefill-cap: the adaptive floor raised the cap",
+        "vllm-v1/long-prefill-cap: a lone request's chunk over the threshold, uncut",
         "nano-vllm/prefill-first: a prefill-only step with requests running",
         "nano-vllm/decode-unbudgeted: a decode step over the token budget",
         "nano-vllm/victim-next: a victim lifo would not have chosen",
@@ -208,11 +216,16 @@ _UNREACHABLE_WITH_CACHING: Final = frozenset(
     }
 )
 
-#: Not required: "vllm-v1/full-sequence-admission: the gate held back a request with a
-#: hit" (the hit credited, its rest of the sequence still too large) was not reached in
-#: a ci run of the scheduler machine (386 vllm-v1 examples, 246 gate refusals, none of a
-#: request with a hit: the chunk must be cut by the budget right then); the peer machine
-#: and tests/peers/repros/full_sequence_hit_*.jsonl check the rule against vLLM.
+#: "vllm-v1/full-sequence-admission: the gate held back a request with a hit" (the hit
+#: credited, the rest of the sequence still too large) needs a chunk cut short of the
+#: sequence right then: no ci run of the prefix scheduler machine met it while only the
+#: budget cut chunks (386 vllm-v1 examples, 246 gate refusals, none with a hit); with
+#: vllm-v1/long-prefill-cap drawn, 395 times in 252 vllm-v1 examples (2026-12-03).
+GATE_HIT_EVENT: Final = "vllm-v1/full-sequence-admission: the gate held back a request with a hit"
+
 PREFIX_REQUIRED_EVENTS: Final = (
-    (REQUIRED_EVENTS - _UNREACHABLE_WITH_CACHING) | PREFIX_EVENTS | NANO_CACHE_EVENTS
+    (REQUIRED_EVENTS - _UNREACHABLE_WITH_CACHING)
+    | PREFIX_EVENTS
+    | NANO_CACHE_EVENTS
+    | {GATE_HIT_EVENT}
 )

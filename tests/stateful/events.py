@@ -12,7 +12,8 @@ from dataclasses import replace
 import spec
 from spec.kv import cdiv, chunk_for_prefill
 from spec.prefix_cache import longest_hit, num_evictable, request_tokens
-from spec.scheduler import StepDraft, schedule_running
+from spec.profiles import capped, long_prefill_cap
+from spec.scheduler import first_draft, schedule_running
 from spec.types import (
     FinishReason,
     PreemptionMode,
@@ -23,7 +24,12 @@ from spec.types import (
     StepPlan,
     watermark_blocks,
 )
-from tests.stateful.coverage import WATERMARK_EVENT
+from tests.stateful.coverage import (
+    GATE_HIT_EVENT,
+    UNDONE_PREFILL_EVENT,
+    UNDONE_VICTIM_EVENT,
+    WATERMARK_EVENT,
+)
 from tests.stateful.nano_cache import nano_cache_events
 from tests.stateful.offload_reserve_events import STEP_RULES, offload_reserve_events
 
@@ -44,8 +50,7 @@ def preempts_only_by_v0s_count(before: SchedulerState, plan: StepPlan) -> bool:
     if not plan.preempted:
         return False
     config = replace(before.config, semantics=Semantics.KVSCHED, max_model_len=None)
-    draft = StepDraft(state=replace(before, config=config), budget=config.max_num_batched_tokens)
-    return not schedule_running(draft).preempted
+    return not schedule_running(first_draft(replace(before, config=config))).preempted
 
 
 def watermark_refused(before: SchedulerState, mid: SchedulerState, plan: StepPlan) -> bool:
@@ -72,15 +77,40 @@ def watermark_refused(before: SchedulerState, mid: SchedulerState, plan: StepPla
     return n <= config.max_num_batched_tokens - used and need <= free < need + watermark
 
 
-def victim_chunk_undone(before: SchedulerState) -> bool:
-    """Whether phase A of this step undid a victim's chunk (the spec's draft says)."""
-    budget = before.config.max_num_batched_tokens
-    return bool(schedule_running(StepDraft(state=before, budget=budget)).undone)
+def undone_chunks(before: SchedulerState) -> tuple[str, ...]:
+    """The victims whose chunk phase A of this step undid (the spec's draft says)."""
+    return schedule_running(first_draft(before)).undone
 
 
-def full_sequence_gate_refused(mid: SchedulerState, plan: StepPlan) -> int | None:
-    """Whether phase C stopped at a request whose chunk fit but whose whole sequence did
-    not (vllm-v1/full-sequence-admission), with budget and a seat left: the blocks the
+def long_prefill_cap_events(
+    before: SchedulerState, mid: SchedulerState, plan: StepPlan
+) -> Iterator[str]:
+    """vllm-v1/long-prefill-cap's events: a chunk cut to the step's cap though more of
+    its request was left (with chunked prefill off too), the adaptive floor above the
+    threshold, and a lone request's chunk left longer than the threshold."""
+    cap = long_prefill_cap(before)
+    config = before.config
+    threshold = config.long_prefill_token_threshold
+    if not cap:
+        if threshold and any(chunk.num_tokens > threshold for chunk in plan.scheduled):
+            yield "vllm-v1/long-prefill-cap: a lone request's chunk over the threshold, uncut"
+        return
+    if cap > threshold:
+        yield "vllm-v1/long-prefill-cap: the adaptive floor raised the cap"
+    running = {r.request_id: r for r in mid.running}
+    for chunk in plan.scheduled:
+        if chunk.num_tokens == cap < running[chunk.request_id].num_tokens - chunk.start:
+            yield "vllm-v1/long-prefill-cap: a chunk cut to the cap"
+            if not config.enable_chunked_prefill:
+                yield "vllm-v1/long-prefill-cap: a prompt chunked with chunked prefill off"
+
+
+def full_sequence_gate_refused(
+    before: SchedulerState, mid: SchedulerState, plan: StepPlan
+) -> int | None:
+    """Whether phase C stopped at a request whose chunk (cut to the step's
+    vllm-v1/long-prefill-cap) fit but whose whole sequence did not
+    (vllm-v1/full-sequence-admission), with budget and a seat left: the blocks the
     request hit (PC3; 0 with caching off), or None if the gate held nobody back."""
     config = mid.config
     budget = config.max_num_batched_tokens - sum(plan.num_scheduled_tokens)
@@ -96,7 +126,8 @@ def full_sequence_gate_refused(mid: SchedulerState, plan: StepPlan) -> int | Non
         hit = longest_hit(mid.prefix_cache, request_tokens(head), bs)
         evictable = num_evictable(mid.prefix_cache, hit)
     start = len(hit) * bs
-    n = chunk_for_prefill(head.num_tokens - start, budget, config.enable_chunked_prefill)
+    remaining = capped(head.num_tokens - start, long_prefill_cap(before))
+    n = chunk_for_prefill(remaining, budget, config.enable_chunked_prefill)
     free = mid.num_free_gpu_blocks + len(hit) - evictable
     if n <= budget and cdiv(start + n, bs) <= free < cdiv(head.num_tokens, bs):
         return len(hit)
@@ -174,13 +205,20 @@ def profile_events(before: SchedulerState, mid: SchedulerState, plan: StepPlan) 
             yield "vllm-v0/append-touches-last-block: a preemption R5 would not have made"
         return
     if config.semantics is Semantics.VLLM_V1:
-        if plan.preempted and victim_chunk_undone(before):
-            yield "vllm-v1/priority-victim-any-running: a scheduled victim's chunk undone"
-        held_back = full_sequence_gate_refused(mid, plan)
+        undone = undone_chunks(before) if plan.preempted else ()
+        if undone:
+            yield UNDONE_VICTIM_EVENT
+        running = {r.request_id: r for r in before.running}
+        if config.enable_prefix_caching and any(
+            running[rid].num_tokens - running[rid].num_computed_tokens > 1 for rid in undone
+        ):  # V11's second trigger needs exactly this: keys on blocks its chunk filled
+            yield UNDONE_PREFILL_EVENT
+        yield from long_prefill_cap_events(before, mid, plan)
+        held_back = full_sequence_gate_refused(before, mid, plan)
         if held_back is not None:
             yield "vllm-v1/full-sequence-admission: the gate held a request back"
             if held_back:
-                yield "vllm-v1/full-sequence-admission: the gate held back a request with a hit"
+                yield GATE_HIT_EVENT
     elif config.semantics is Semantics.NANO_VLLM:
         if admitted and before.running:
             yield "nano-vllm/prefill-first: a prefill-only step with requests running"

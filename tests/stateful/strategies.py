@@ -138,14 +138,20 @@ def profile_configs(
     chunked = False if nano else draw(st.booleans())
     policy = "lifo" if nano else draw(st.sampled_from(("lifo", "priority")))
     max_model_len: int | None = None
+    top = num_gpu_blocks * block_size
     if not nano:
-        top = num_gpu_blocks * block_size
         if not chunked:
             top = min(top, max_num_batched_tokens)
         if top < 2:
             chunked, top = True, num_gpu_blocks * block_size  # a 1-token model is no model
         if draw(st.booleans()):
             max_model_len = draw(st.integers(2, top))
+    # vllm-v1/long-prefill-cap on a third of the configs, small enough to cut prompts.
+    threshold = 0
+    adaptive = False
+    if semantics is Semantics.VLLM_V1 and draw(st.integers(0, 2)) == 2:
+        threshold = draw(st.integers(1, min(16, max_model_len or top)))
+        adaptive = draw(st.booleans())
     return draw(
         printable_config(
             num_gpu_blocks=num_gpu_blocks,
@@ -157,6 +163,8 @@ def profile_configs(
             enable_prefix_caching=prefix_caching,
             semantics=semantics,
             max_model_len=max_model_len,
+            long_prefill_token_threshold=threshold,
+            long_prefill_token_threshold_adaptive=adaptive,
         )
     )
 

@@ -20,7 +20,12 @@ from impl.scheduler_output import SchedulerOutput
 from kvsched.peers.lockstep import Lockstep
 from kvsched.peers.ours import SchedulerAdapter
 from spec.types import SchedulerConfig
-from tests.stateful.coverage import PREFIX_REQUIRED_EVENTS, REQUIRED_EVENTS, WATERMARK_EVENT
+from tests.stateful.coverage import (
+    PREFIX_REQUIRED_EVENTS,
+    REQUIRED_EVENTS,
+    UNDONE_VICTIM_EVENT,
+    WATERMARK_EVENT,
+)
 from tests.stateful.sizes import Size, Sizes
 from tests.stateful.strategies import WITHOUT_VLLM_V0, engine_configs
 from tests.stateful.subject import Note, Side, Subject
@@ -31,12 +36,6 @@ from tests.stateful.toy import ToyModel
 #: picked among a request's solo outputs does not usually occur in its first few.
 VOCAB = 64
 ORACLE = spec.HashOracle(vocab_size=VOCAB, salt=7)
-
-#: vllm-v1/priority-victim-any-running needs ``priority``, contention and a less
-#: important request scheduled ahead of the one that needs blocks: about once per ci run
-#: of this subject (2 000 examples), too rare for the engine's 400, which runs the same
-#: ``impl.Scheduler`` code; so only this subject requires it.
-UNDONE_VICTIM_EVENT = "vllm-v1/priority-victim-any-running: a scheduled victim's chunk undone"
 
 
 class ToySide(Side):

@@ -23,6 +23,10 @@ REQUIRED_VLLM: Final = PEER_EVENTS | {
     # pressure; the ci run reaches it in one step only, too rare to require
     # (tests/peers/repros/priority_victim_scheduled does, and our subjects).
     "vllm-v1/full-sequence-admission: the gate held a request back",
+    "vllm-v1/long-prefill-cap: a chunk cut to the cap",
+    "vllm-v1/long-prefill-cap: a prompt chunked with chunked prefill off",
+    "vllm-v1/long-prefill-cap: the adaptive floor raised the cap",
+    "vllm-v1/long-prefill-cap: a lone request's chunk over the threshold, uncut",
     "preempt: several victims in one step",
     "config: block_size=1",
     "config: chunked prefill on",
@@ -61,6 +65,8 @@ VLLM_PREFIX = Peer(
             "chunked prefill: partial chunk",
             "finish: length",
             "vllm-v1/max-model-len: length at max_model_len",
+            "vllm-v1/long-prefill-cap: a chunk cut to the cap",
+            "vllm-v1/long-prefill-cap: a lone request's chunk over the threshold, uncut",
             *PREFIX_EVENTS,
         }
     ),
