@@ -110,6 +110,21 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
         "GPU cache, vllm-v0's above its watermark, and with chunked prefill off at most "
         "--max-num-batched-tokens)",
     )
+    g.add_argument(
+        "--long-prefill-token-threshold",
+        type=argtypes.non_negative_int,
+        default=_DEFAULTS["long_prefill_token_threshold"],
+        metavar="N",
+        help="vllm-v1 only: with more than one request running or waiting, cut every "
+        "prefill chunk to N tokens (default 0: no cut; at most --max-model-len)",
+    )
+    g.add_argument(
+        "--long-prefill-token-threshold-adaptive",
+        action=argparse.BooleanOptionalAction,
+        default=_DEFAULTS["long_prefill_token_threshold_adaptive"],
+        help="vllm-v1 only: raise that cut to --max-num-batched-tokens // the requests "
+        "running or waiting, when larger (default off)",
+    )
     g.add_argument("--device", choices=DEVICES, default="auto", help="(default auto)")
     g.add_argument("--dtype", choices=DTYPES, default="float32", help="(default float32)")
     g.add_argument(
@@ -198,6 +213,8 @@ def scheduler_config(
             policy=args.policy,
             semantics=semantics,
             max_model_len=args.max_model_len,
+            long_prefill_token_threshold=args.long_prefill_token_threshold,
+            long_prefill_token_threshold_adaptive=args.long_prefill_token_threshold_adaptive,
             **implied,
         )
     except ConfigError as e:

@@ -325,6 +325,9 @@ OPTION_CASES: list[tuple[str, tuple[str, ...], str]] = [
     ("nano-vllm-chunked", ("run", "{w}", "--semantics", "nano-vllm", "--enable-chunked-prefill"), "no chunked prefill (use --no-enable-chunked-prefill)"),
     ("vllm-peer-swap", ("conform", "{w}", "--engine", "vllm", "--preemption-mode", "swap"), "--semantics vllm-v1: preemption by recompute only"),
     ("max-model-len-without-vllm-v1", ("run", "{w}", "--max-model-len", "8"), "--max-model-len is a vllm-v1 and vllm-v0 setting"),
+    ("long-prefill-threshold-negative", ("run", "{w}", "--semantics", "vllm-v1", "--long-prefill-token-threshold", "-1"), "argument --long-prefill-token-threshold: must be a non-negative integer"),
+    ("long-prefill-threshold-without-vllm-v1", ("run", "{w}", "--long-prefill-token-threshold", "8"), "--long-prefill-token-threshold is a vllm-v1 setting; the kvsched profile has no long-prefill cap"),
+    ("long-prefill-threshold-over-model-len", ("run", "{w}", "--semantics", "vllm-v1", "--max-model-len", "16", "--long-prefill-token-threshold", "32"), "--long-prefill-token-threshold (32) cannot be greater than --max-model-len (16)"),
 ]  # fmt: skip
 
 

@@ -127,3 +127,25 @@ def test_a_wrong_token_count_diverges(
     assert out.startswith("conform: DIVERGED at step ")
     assert ": state." in out
     assert ".num_computed_tokens: spec " in out
+
+
+def test_the_long_prefill_cap_reaches_spec_and_engine(
+    invoke: Invoke, write_workload: WriteWorkload
+) -> None:
+    """``--long-prefill-token-threshold 2`` under vllm-v1: both sides cut the two
+    12-token prompts to 2-token chunks (vllm-v1/long-prefill-cap) and agree, in more
+    steps than the uncut run (12 + 4 tokens in its first step)."""
+    path = write_workload(
+        {"id": f"r{i}", "prompt": list(range(1 + i, 13 + i)), "max_tokens": 2} for i in range(2)
+    )
+    steps = {}
+    for threshold in ("0", "2"):
+        code, out, err = _conform(
+            invoke, path, "--semantics", "vllm-v1", "--num-gpu-blocks", "16", "--max-num-seqs", "4",
+            "--long-prefill-token-threshold", threshold,
+        )  # fmt: skip
+        assert (code, err) == (0, ""), out
+        found = re.search(r"agree at all (\d+) steps", out)
+        assert found is not None, out
+        steps[threshold] = int(found[1])
+    assert steps["2"] > steps["0"], steps
