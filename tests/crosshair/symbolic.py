@@ -66,7 +66,7 @@ from spec.kv import blocks_held, largest_prefill, max_cached_tokens
 from spec.policies import POLICIES, Policy
 from spec.prefix_cache import block_key, request_tokens
 from spec.profiles import generation_blocks
-from spec.scheduler import StepDraft, sampling_request_ids, schedule
+from spec.scheduler import StepDraft, first_draft, sampling_request_ids, schedule
 from spec.types import (
     ConfigError,
     PreemptionMode,
@@ -224,11 +224,19 @@ preemption mode, which is then recompute or restart); with a waiting focus
 planted admission bugs over a pool were missed in the budget)."""
 CACHING_SHARE_ADMITTING = 0.75
 
+LONG_PREFILL_SHARE = 0.5
+"""The share of vllm-v1's paths with a ``long_prefill_token_threshold`` (vllm-v1/long-prefill-cap),
+a concrete one of ``1..MAX_LONG_PREFILL_THRESHOLD``: small enough to cut the prompts
+these states hold."""
+MAX_LONG_PREFILL_THRESHOLD = 3
+
 DOMAINS: dict[str, tuple[Semantics, ...]] = {
     "spec.offload": (Semantics.TRANSFORMERS,),
     "spec.reserve": (Semantics.TOKENSPEED,),
     # The rule of these two profiles (prefill-first); under the others it is False.
     "spec.profiles.admits_first": (Semantics.NANO_VLLM, Semantics.VLLM_V0),
+    # vllm-v1's rule; under the others it is 0.
+    "spec.profiles.long_prefill_cap": (Semantics.VLLM_V1,),
 }
 """The profiles a module's (or one function's) rules are defined for; every other function
 gets every profile. Without this a transformers-only walk would see a transformers state
@@ -343,7 +351,9 @@ def make_config(p: SymbolicFactory) -> SchedulerConfig:
     if profile.semantics in SWAPS:
         num_cpu_blocks = bounded_int(p, "_num_cpu_blocks", 0, MAX_CONFIG_BLOCKS)
     with ResumedTracing(), _dropped_if_inconsistent():
-        _assume_profile(p, num_gpu_blocks * profile.block_size, budget, max_num_seqs, profile)
+        capacity = num_gpu_blocks * profile.block_size
+        _assume_profile(p, capacity, budget, max_num_seqs, profile)
+        threshold, adaptive = _long_prefill(p, profile, capacity, budget)
         return SchedulerConfig(
             num_gpu_blocks=num_gpu_blocks,
             block_size=profile.block_size,
@@ -355,6 +365,8 @@ def make_config(p: SymbolicFactory) -> SchedulerConfig:
             policy=profile.policy,
             enable_prefix_caching=profile.caching,
             semantics=profile.semantics,
+            long_prefill_token_threshold=threshold,
+            long_prefill_token_threshold_adaptive=adaptive,
         )
 
 
@@ -372,6 +384,24 @@ def _assume_profile(
         assume(p, capacity >= 2)
         if not profile.chunked:
             assume(p, budget >= 2)
+
+
+def _long_prefill(
+    p: SymbolicFactory, profile: Profile, capacity: int, budget: int
+) -> tuple[int, bool]:
+    """``long_prefill_token_threshold`` and its adaptive floor: (0, False) outside
+    vllm-v1 and on the rest of its paths (``LONG_PREFILL_SHARE``); else a concrete
+    threshold no larger than the default ``max_model_len`` (the cache's capacity, with
+    chunked prefill off also the budget: vLLM's own check), adaptive on half the paths."""
+    if profile.semantics is not Semantics.VLLM_V1 or not choose(
+        p, "_long_prefill", LONG_PREFILL_SHARE
+    ):
+        return 0, False
+    threshold = concrete_int(p, "_long_prefill_token_threshold", 1, MAX_LONG_PREFILL_THRESHOLD)
+    assume(p, threshold <= capacity)
+    if not profile.chunked:
+        assume(p, threshold <= budget)
+    return threshold, choose(p, "_long_prefill_adaptive", 0.5)
 
 
 def _queue_lengths(
@@ -764,6 +794,7 @@ def _assemble_state(
         if not chunked:
             assume(p, largest_prefill(prompt_len, max_tokens, mode) <= budget)
     _assume_profile(p, num_gpu_blocks * block_size, budget, max_num_seqs, profile)
+    threshold, adaptive = _long_prefill(p, profile, num_gpu_blocks * block_size, budget)
     config = SchedulerConfig(
         num_gpu_blocks=num_gpu_blocks,
         block_size=block_size,
@@ -775,6 +806,8 @@ def _assemble_state(
         policy=profile.policy,
         enable_prefix_caching=profile.caching,
         semantics=profile.semantics,
+        long_prefill_token_threshold=threshold,
+        long_prefill_token_threshold_adaptive=adaptive,
     )
     length = config.max_model_len
     if length is not None:  # R10: a live request stops before max_model_len tokens
@@ -934,7 +967,7 @@ def make_draft(p: SymbolicFactory) -> StepDraft:
     phased = [s for s in analysed_domain() if s in PHASED]
     state = build_state(p, focus, allowed=phased or PHASED)
     with ResumedTracing():
-        return StepDraft(state=state, budget=state.config.max_num_batched_tokens)
+        return first_draft(state)
 
 
 MAX_VICTIM_BLOCKS = 3
