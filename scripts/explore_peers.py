@@ -9,6 +9,7 @@ The numbers in docs/peers.md ("how it was checked") come from this script::
     python scripts/explore_peers.py nano-vllm --runs 400 --seed 3000 --fit --no-chunking
     python scripts/explore_peers.py nano-vllm --runs 300 --seed 8000 --shared-prefix
     python scripts/explore_peers.py vllm --runs 300 --seed 8000 --shared-prefix
+    python scripts/explore_peers.py vllm --runs 1000 --seed 30000 --long-prefill
 
 Each run draws a small workload and config (block sizes 1-16, or 2-16 for nano-vllm;
 tight to roomy pools; budgets from ``max_num_seqs`` to 48; ``max_num_seqs`` 1-6; EOS or
@@ -34,6 +35,7 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import dataclasses
 import json
 import random
 import re
@@ -112,6 +114,7 @@ def draw(
     policy: str,
     semantics: Semantics,
     shared_prefix: bool = False,
+    long_prefill: bool = False,
 ) -> tuple[SchedulerConfig, list[WorkloadRequest]]:
     nano = peer == "nano-vllm" or semantics is Semantics.NANO_VLLM
     v0 = peer == "vllm-v0" or semantics is Semantics.VLLM_V0
@@ -188,6 +191,15 @@ def draw(
         num_cpu_blocks=cpu_blocks,
         max_model_len=model_len if semantics is Semantics.VLLM_V0 else None,
     )
+    if long_prefill:  # vllm-v1/long-prefill-cap, at most the default max_model_len
+        top = blocks * block_size
+        if not config.enable_chunked_prefill:
+            top = min(top, budget)
+        config = dataclasses.replace(
+            config,
+            long_prefill_token_threshold=rng.randint(1, max(1, min(16, top))),
+            long_prefill_token_threshold_adaptive=rng.random() < 0.5,
+        )
     return config, workload
 
 
@@ -304,6 +316,16 @@ def command(peer: str, path: Path, c: SchedulerConfig) -> str:
         + (" --enable-prefix-caching" if c.enable_prefix_caching else " --no-enable-prefix-caching")
         + f" --preemption-mode {c.preemption_mode} --num-cpu-blocks {c.num_cpu_blocks}"
         + f" --oracle-vocab {ORACLE_VOCAB}"
+        + (
+            f" --long-prefill-token-threshold {c.long_prefill_token_threshold}"
+            if c.long_prefill_token_threshold
+            else ""
+        )
+        + (
+            " --long-prefill-token-threshold-adaptive"
+            if c.long_prefill_token_threshold_adaptive
+            else ""
+        )
     )
 
 
@@ -335,6 +357,11 @@ def main() -> int:
         action="store_true",
         help="prefix caching on, prompts that share prefixes (shared_prompts)",
     )
+    parser.add_argument(
+        "--long-prefill",
+        action="store_true",
+        help="vllm-v1: a long_prefill_token_threshold of 1-16, adaptive half the time",
+    )
     args = parser.parse_args()
     kinds: collections.Counter[str] = collections.Counter()
     runs_with: collections.Counter[str] = collections.Counter()  # runs that met each event
@@ -358,6 +385,7 @@ def main() -> int:
                 policy=args.policy,
                 semantics=semantics,
                 shared_prefix=args.shared_prefix,
+                long_prefill=args.long_prefill,
             )
             eos = common_eos(r.params for r in workload) if args.peer == "nano-vllm" else None
             if args.peer == "kvsched":
@@ -370,7 +398,7 @@ def main() -> int:
             kinds[f"unsupported: {e}"] += 1
             continue
         # Events are counted on the same loop (the profile's rules: vllm-v0's, nano-vllm's).
-        if args.aborts or args.shared_prefix or semantics is Semantics.VLLM_V0:
+        if args.aborts or args.shared_prefix or args.long_prefill or semantics is Semantics.VLLM_V0:
             events: set[str] = set()
             report = run_with_aborts(
                 peer,

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from importlib import metadata
 
 from kvsched.peers.lockstep import Divergence
+from spec.scheduler import first_draft, schedule_running
 
 
 def version_key(version: str) -> tuple[int, ...]:
@@ -183,7 +184,9 @@ def signature(peer: str, divergence: Divergence) -> KnownBug | None:
             return N2_N6
         if "FullHitPrefill" in raised:
             return N12
-    if peer == "vllm" and _keys_of_an_undone_chunk(divergence):
+    if peer == "vllm" and (
+        _keys_of_an_undone_chunk(divergence) or _block_order_after_an_undone_chunk(divergence)
+    ):
         return V11
     if peer == "vllm-v0":
         if "lack of CPU swap space" in raised:
@@ -231,6 +234,38 @@ def _keys_of_an_undone_chunk(divergence: Divergence) -> bool:
         bool(extra)
         and set(ours.cached) <= set(theirs.cached)
         and all(block in theirs.free_queue for _, block in extra)
+    )
+
+
+def _block_order_after_an_undone_chunk(divergence: Divergence) -> bool:
+    """V11's second shape: the step undid a chunk (the spec's draft of it says so), and the
+    states differ only in the order of blocks: each running request holds the same blocks
+    on both sides, the free queues hold the same blocks and the pools the same keys. vLLM
+    kept the undone chunk's keys, so its freed blocks joined the free queue's tail, not
+    its head (PC6), and a request that took blocks later in the same step took them in
+    another order (``undone_chunk_block_order.jsonl``, docs/peers.md)."""
+    observed, ours, before = divergence.engine_state, divergence.spec_state, divergence.spec_before
+    if (
+        not divergence.field.startswith("state.running[")
+        or ".block_ids" not in divergence.field
+        or observed is None
+        or ours is None
+        or before is None
+        or not schedule_running(first_draft(before)).undone
+    ):
+        return False
+    theirs = observed.state
+    if [r.request_id for r in ours.running] != [r.request_id for r in theirs.running] or any(
+        sorted(a.block_ids) != sorted(b.block_ids)
+        for a, b in zip(ours.running, theirs.running, strict=True)
+    ):
+        return False
+    pool, their_pool = ours.prefix_cache, theirs.prefix_cache
+    return (
+        pool is not None
+        and their_pool is not None
+        and set(pool.free_queue) == set(their_pool.free_queue)
+        and {key for key, _ in pool.cached} == {key for key, _ in their_pool.cached}
     )
 
 

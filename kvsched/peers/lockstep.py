@@ -83,6 +83,8 @@ class Divergence:
     engine_value: object
     spec_state: SchedulerState | None = None
     engine_state: Observation | None = None
+    #: The spec's state the diverging step started from (None outside a step).
+    spec_before: SchedulerState | None = None
 
     def __str__(self) -> str:
         return (
@@ -188,6 +190,8 @@ class Lockstep:
         #: no operation has changed it since (``None`` otherwise): a driver that needs the
         #: engine's state reads it here rather than observing again.
         self.last_observed: Observation | None = None
+        #: The spec's state before the step ``advance`` is taking (None between steps).
+        self.step_started_from: SchedulerState | None = None
         self.compare_states()
 
     # --- comparison ---------------------------------------------------------------------
@@ -199,7 +203,15 @@ class Lockstep:
         except PeerFailure:
             observed = None
         return Diverged(
-            Divergence(self.steps, field, spec_value, engine_value, self.state, observed)
+            Divergence(
+                self.steps,
+                field,
+                spec_value,
+                engine_value,
+                self.state,
+                observed,
+                self.step_started_from,
+            )
         )
 
     def _compare(self, spec_value: object, engine_value: object, path: str) -> None:
@@ -308,9 +320,9 @@ class Lockstep:
     def advance(self) -> Advance:
         """``step``, with what a driver's own checks read (``Advance``)."""
         self.last_observed = None
+        before = self.step_started_from = self.state
         engine_plan = self._guard("step()", lambda: self.peer.step(self.next_token))
         # The decisions first, before any token is involved.
-        before = self.state
         state_mid, decided = spec.schedule(before)
         self._compare(decided, decisions(engine_plan), "plan")
         if self.spec_samples:
@@ -326,6 +338,7 @@ class Lockstep:
             mask_plan(spec_plan, self.hidden), mask_plan(engine_plan, self.hidden), "plan"
         )
         self.compare_states()
+        self.step_started_from = None
         self.steps += 1
         self.preemptions += len(spec_plan.preempted)
         self.spec_finished.extend(spec_plan.finished)

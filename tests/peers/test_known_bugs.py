@@ -10,16 +10,18 @@ machines classify it by.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+import spec
 from kvsched.peers import make_peer
 from kvsched.peers.known import N2_N6, N5, N12, V11, KnownBug, classify, installed_version
 from kvsched.peers.lockstep import run_workload
 from kvsched.peers.protocol import PeerFailure
-from kvsched.peers.vllm_v1 import VllmAdapter, VllmOptions
+from kvsched.peers.vllm_v1 import VllmAdapter
 from kvsched.workload import WorkloadRequest, read_workload
 from spec.oracle import HashOracle
 from spec.types import InvalidRequestError, SamplingParams, SchedulerConfig, Semantics
@@ -143,7 +145,7 @@ def test_the_machines_recognise_the_bug(
     assert classify("nano-vllm", report.divergence) is bug, report.divergence
 
 
-#: V11's two triggers: (config, vLLM's long_prefill_token_threshold, workload file).
+#: V11's two triggers: (config, workload file).
 #: undone_chunk_keys.jsonl: V (priority 2) and X (priority 0, V's tokens: it shares V's
 #: blocks) decode while R (priority 1) prefills; at step 3 V's decode keys the block of
 #: position 4, R needs blocks, V's chunk is undone and R preempts itself; at step 4 Y
@@ -165,7 +167,6 @@ V11_TRIGGERS = {
             semantics=Semantics.VLLM_V1,
             policy="priority",
         ),
-        0,
         "undone_chunk_keys.jsonl",
     ),
     "long-prefill-threshold": (
@@ -177,13 +178,11 @@ V11_TRIGGERS = {
             enable_prefix_caching=True,
             semantics=Semantics.VLLM_V1,
             policy="priority",
+            long_prefill_token_threshold=32,
         ),
-        32,
         "undone_prefill_chunk_keys.jsonl",
     ),
 }
-V11_CONFIG, _, _V11_FILE = V11_TRIGGERS["requester-preempts-itself"]
-V11_WORKLOAD = read_workload(Path(__file__).parent / "repros" / _V11_FILE)
 V11_ORACLE = HashOracle(vocab_size=256)
 
 
@@ -210,8 +209,8 @@ def test_v11_every_hit_block_was_written_by_a_forward(trigger: str) -> None:
     each (re)admitted request hit; on 0.32.0 a block keyed by an undone chunk is hit (Y
     hits V's block of position 4; V hits its own block of positions 80-95)."""
     require_peer("vllm")
-    config, threshold, file = V11_TRIGGERS[trigger]
-    peer = VllmAdapter(config, VllmOptions(long_prefill_token_threshold=threshold))
+    config, file = V11_TRIGGERS[trigger]
+    peer = VllmAdapter(config)
     scheduler = peer.scheduler
     block_size = config.block_size
     written: set[tuple[int, int]] = set()  # (vLLM block id, position) a forward computed
@@ -243,18 +242,66 @@ def test_v11_every_hit_block_was_written_by_a_forward(trigger: str) -> None:
     assert not hit_unwritten, f"hits on blocks no forward wrote: {hit_unwritten}"
 
 
-def test_the_vllm_machines_recognise_v11() -> None:
-    """The spec drops the undone chunk's keys (vllm-v1/undone-chunk-unkeyed): at step 3
-    the pools differ by the key vLLM kept, which carries V11's signature."""
+#: The step at whose end the pools first differ, by trigger: the step that undoes the chunk.
+V11_DIVERGES_AT = {"requester-preempts-itself": 3, "long-prefill-threshold": 2}
+
+
+@pytest.mark.parametrize("trigger", sorted(V11_TRIGGERS))
+def test_the_vllm_machines_recognise_v11(trigger: str) -> None:
+    """The spec drops the undone chunk's keys (vllm-v1/undone-chunk-unkeyed): after the
+    step that undoes it the pools differ by the keys vLLM kept, which carries V11's
+    signature; on the second trigger the spec agrees up to there, long-prefill cap
+    included (vllm-v1/long-prefill-cap)."""
     require_peer("vllm")
     if not V11.covers(installed_version(V11)):
         pytest.skip(f"V11 was confirmed on {V11.versions}")
-    report = run_workload(make_peer("vllm", V11_CONFIG), V11_CONFIG, V11_WORKLOAD, V11_ORACLE)
-    assert report.divergence is not None
-    assert report.divergence.step == 3 and report.divergence.field.startswith(
-        "state.prefix_cache"
-    ), report.divergence
-    assert classify("vllm", report.divergence) is V11, report.divergence
+    config, file = V11_TRIGGERS[trigger]
+    workload = read_workload(Path(__file__).parent / "repros" / file)
+    report = run_workload(make_peer("vllm", config), config, workload, V11_ORACLE)
+    divergence = report.divergence
+    assert divergence is not None
+    assert divergence.step == V11_DIVERGES_AT[trigger], divergence
+    assert divergence.field.startswith("state.prefix_cache"), divergence
+    assert classify("vllm", divergence) is V11, divergence
+
+
+#: V11's second shape, found by ``scripts/explore_peers.py vllm --long-prefill
+#: --shared-prefix --policy priority`` (seed 40236, 4 of 1,000 runs): block size 1, cap 5
+#: with the adaptive floor; at step 4 r3's decode is undone for r0 (vllm-v1/priority-
+#: victim-any-running), vLLM keeps the key of its one new block (5), so freed, it joins
+#: the free queue's tail, not its head, and r0's chunk, scheduled next in the same step,
+#: takes blocks 6-10 then 5 where the spec's r0 takes 5-10. No hit on unwritten K/V.
+V11_BLOCK_ORDER_CONFIG = SchedulerConfig(
+    num_gpu_blocks=36,
+    block_size=1,
+    max_num_batched_tokens=29,
+    max_num_seqs=4,
+    enable_prefix_caching=True,
+    semantics=Semantics.VLLM_V1,
+    policy="priority",
+    long_prefill_token_threshold=5,
+    long_prefill_token_threshold_adaptive=True,
+)
+
+
+def test_the_vllm_machines_recognise_v11_by_block_order() -> None:
+    """The spec and vLLM agree until the step that undoes r3's decode; then r0's blocks
+    are the same set in another order, which carries V11's second signature (only
+    after a step that undid a chunk: from a state where none is undone it is no V11)."""
+    require_peer("vllm")
+    if not V11.covers(installed_version(V11)):
+        pytest.skip(f"V11 was confirmed on {V11.versions}")
+    config = V11_BLOCK_ORDER_CONFIG
+    workload = read_workload(Path(__file__).parent / "repros" / "undone_chunk_block_order.jsonl")
+    report = run_workload(make_peer("vllm", config), config, workload, ORACLE)
+    divergence = report.divergence
+    assert divergence is not None
+    assert divergence.step == 4, divergence
+    assert divergence.field == "state.running[0].block_ids[9]", divergence
+    assert classify("vllm", divergence) is V11, divergence
+    assert divergence.spec_before is not None
+    no_undo = dataclasses.replace(divergence, spec_before=spec.init_state(config))
+    assert classify("vllm", no_undo) is None
 
 
 def test_conform_names_a_known_peer_bug(invoke: Invoke) -> None:
