@@ -56,6 +56,7 @@ from spec.profiles import (
     admits_after_swap_in,
     admits_first,
     blocks_to_run,
+    cap_by_profile,
     capped,
     decode_unbudgeted,
     full_sequence_fits,
@@ -117,11 +118,25 @@ class StepDraft:
 
 def first_draft(state: SchedulerState) -> StepDraft:
     """The draft a step's first phase starts from: nothing decided, the whole budget,
-    and the step's ``long_prefill_cap`` (read from the state the step starts from)."""
+    and the step's ``long_prefill_cap`` (read from the state the step starts from).
+
+    post: starts_step(state, __return__)
+    """
     return StepDraft(
         state=state,
         budget=state.config.max_num_batched_tokens,
         long_prefill_cap=long_prefill_cap(state),
+    )
+
+
+def starts_step(state: SchedulerState, draft: StepDraft) -> bool:
+    """``first_draft``'s contract: ``draft`` is of ``state``, has decided nothing, and holds
+    the whole budget and a cap the profile allows (``cap_by_profile``)."""
+    return (
+        draft.state is state
+        and draft.budget == state.config.max_num_batched_tokens
+        and not (draft.scheduled or draft.preempted or draft.swapped_in or draft.undone)
+        and cap_by_profile(state, draft.long_prefill_cap)
     )
 
 
@@ -506,7 +521,7 @@ def schedule_running(draft: StepDraft) -> StepDraft:
         request = running[i]
         computed = request.num_computed_tokens
         remaining = request.num_tokens - computed
-        n = remaining if unbudgeted else min(capped(remaining, draft.long_prefill_cap), budget)
+        n = remaining if unbudgeted else running_chunk(remaining, budget, draft.long_prefill_cap)
         need = blocks_needed(computed, n, bs)
         while blocks_to_run(config, computed, n) > free:
             k = profile_victim(config, policy, tuple(running), i)
@@ -593,15 +608,29 @@ def chunk_fits(  # noqa: PLR0917  (prefill_fit's arguments, as its contract name
     num_hit: int,
     budget: int,
     free: int,
+    cap: int,
     n: int,
 ) -> bool:
-    """``prefill_fit``'s contract, in token slots: a chunk of ``1..min(budget, remaining)``
-    tokens whose end fits the slots of the hit's blocks and the free ones."""
-    return (
+    """``prefill_fit``'s contract, in token slots: no chunk (``n == 0``), or one of
+    ``1..min(budget, remaining)`` tokens (and at most the step's ``cap``,
+    vllm-v1/long-prefill-cap, unless 0) whose end fits the slots of the hit's blocks and
+    the free ones."""
+    return n == 0 or (
         1 <= n <= budget
+        and (cap == 0 or n <= cap)
         and start + n <= request.num_tokens
         and start + n <= (num_hit + free) * config.block_size
     )
+
+
+def running_chunk(remaining: int, budget: int, cap: int) -> int:
+    """R5 step 1: a running request's chunk, its ``remaining`` tokens cut first to the
+    step's ``cap`` (vllm-v1/long-prefill-cap; 0: none), then to the budget.
+
+    pre: remaining >= 1 and budget >= 1 and cap >= 0
+    post: 1 <= __return__ <= min(remaining, budget) and (cap == 0 or __return__ <= cap)
+    """
+    return min(capped(remaining, cap), budget)
 
 
 def prefill_fit(
@@ -627,8 +656,7 @@ def prefill_fit(
 
     pre: budget >= 1 and free >= 0 and cap >= 0
     pre: 0 <= num_hit * config.block_size <= start < request.num_tokens
-    post: __return__ == 0 or chunk_fits(request, config, start, num_hit, budget, free, __return__)
-    post: cap == 0 or __return__ <= cap
+    post: chunk_fits(request, config, start, num_hit, budget, free, cap, __return__)
     """
     remaining = capped(request.num_tokens - start, cap)
     n = chunk_for_prefill(remaining, budget, config.enable_chunked_prefill)

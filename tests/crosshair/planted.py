@@ -51,7 +51,7 @@ PLANTED: tuple[PlantedBug, ...] = (
         file="scheduler.py",
         old=(
             "        n = remaining if unbudgeted else "
-            "min(capped(remaining, draft.long_prefill_cap), budget)\n"
+            "running_chunk(remaining, budget, draft.long_prefill_cap)\n"
         ),
         new="        n = remaining\n",
         target="spec.scheduler.schedule_running",
@@ -345,12 +345,9 @@ PLANTED: tuple[PlantedBug, ...] = (
         where="phase A (vllm-v1)",
         bug="vllm-v1/long-prefill-cap: a running request's chunk is cut by the budget only",
         file="scheduler.py",
-        old=(
-            "        n = remaining if unbudgeted else "
-            "min(capped(remaining, draft.long_prefill_cap), budget)\n"
-        ),
-        new="        n = remaining if unbudgeted else min(remaining, budget)\n",
-        target="spec.scheduler.schedule_running",
+        old="    return min(capped(remaining, cap), budget)\n",
+        new="    return min(remaining, budget)\n",
+        target="spec.scheduler.running_chunk",
     ),
     PlantedBug(
         name="V-long-prefill-cap-ignored-waiting",
