@@ -16,7 +16,6 @@ on seeds 0-3 and 5-11 the unwritten block leaves the argmax as it was).
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 from impl import LLMEngine
@@ -25,6 +24,7 @@ from kvsched.workload import read_workload
 from model import build_tiny_model
 from spec.types import SchedulerConfig, Semantics
 from tests.oracles.pool import engine_pool_violations
+from tests.regressions.solo import assert_outputs_are_solo
 
 WORKLOAD = Path(__file__).parents[1] / "peers" / "repros" / "undone_prefill_chunk_keys.jsonl"
 
@@ -55,10 +55,4 @@ def test_a_victim_of_an_undone_prefill_chunk_does_not_hit_its_unwritten_blocks()
     assert result.metrics.prefix_cache.hits == 80
     assert engine_pool_violations(engine.scheduler) == []
     alone = config(32)
-    for request, outcome in zip(workload, result.outcomes, strict=True):
-        solo = run_workload(
-            LLMEngine(alone, model=model, dtype="float64"),
-            alone,
-            [dataclasses.replace(request, arrival_step=0)],
-        )
-        assert outcome.output == solo.outcomes[0].output, request.request_id
+    assert_outputs_are_solo(model, alone, workload, result)

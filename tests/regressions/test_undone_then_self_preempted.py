@@ -14,7 +14,6 @@ unwritten block.)
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 from impl import LLMEngine
@@ -23,6 +22,7 @@ from kvsched.workload import read_workload
 from model import build_tiny_model
 from spec.types import SchedulerConfig, Semantics
 from tests.oracles.pool import engine_pool_violations
+from tests.regressions.solo import assert_outputs_are_solo
 
 WORKLOAD = Path(__file__).parents[1] / "peers" / "repros" / "undone_chunk_keys.jsonl"
 
@@ -50,10 +50,4 @@ def test_an_undone_chunk_before_a_self_preemption_does_not_sample() -> None:
     assert result.metrics.preemptions >= 2
     assert engine_pool_violations(engine.scheduler) == []
     alone = config(64)
-    for request, outcome in zip(workload, result.outcomes, strict=True):
-        solo = run_workload(
-            LLMEngine(alone, model=model, dtype="float64"),
-            alone,
-            [dataclasses.replace(request, arrival_step=0)],
-        )
-        assert outcome.output == solo.outcomes[0].output, request.request_id
+    assert_outputs_are_solo(model, alone, workload, result)
