@@ -50,6 +50,7 @@ from impl.scheduler_output import SchedulerOutput
 from impl.sequence import Sequence, SequenceStatus
 from impl.snapshot import Snapshot
 from spec.types import (
+    ConfigError,
     DuplicateRequestError,
     EmptyPromptError,
     FinishedRequest,
@@ -91,6 +92,15 @@ class Scheduler:
         vocab_size: int | None = None,
         enable_preemption: bool = True,
     ) -> None:
+        if config.async_scheduling:
+            # Issue 19, item 2: the engine's own async step (a forward in flight while
+            # the next step is scheduled) is not built; the spec and vLLM's
+            # AsyncScheduler are held to vllm-v1/async-* without it.
+            raise ConfigError(
+                "async_scheduling: the kvsched engine runs synchronous steps only "
+                "(async scheduling is checked against vLLM's AsyncScheduler: conform "
+                "--engine vllm)"
+            )
         self.config = config
         semantics = config.semantics
         # The profile rules (docs/semantics.md, "Semantics profiles"), as switches read

@@ -125,6 +125,14 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
         help="vllm-v1 only: raise that cut to --max-num-batched-tokens // the requests "
         "running or waiting, when larger (default off)",
     )
+    g.add_argument(
+        "--async-scheduling",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="vllm-v1 only: schedule each step before the previous step's outputs are "
+        "applied, as vLLM's AsyncScheduler (default: on for conform --engine vllm, as in "
+        "vLLM 0.32; off elsewhere; our engine does not run it yet)",
+    )
     g.add_argument("--device", choices=DEVICES, default="auto", help="(default auto)")
     g.add_argument("--dtype", choices=DTYPES, default="float32", help="(default float32)")
     g.add_argument(
@@ -190,11 +198,19 @@ def flag_names(message: str) -> str:
 
 
 def scheduler_config(
-    args: argparse.Namespace, default_semantics: Semantics = Semantics.KVSCHED
+    args: argparse.Namespace,
+    default_semantics: Semantics = Semantics.KVSCHED,
+    *,
+    async_by_default: bool = False,
 ) -> SchedulerConfig:
     """The config the options name; a combination the config (or a profile) refuses is
-    a ``CLIInputError`` that names the flags (``flag_names``)."""
+    a ``CLIInputError`` that names the flags (``flag_names``). ``async_by_default``:
+    async scheduling is on under vllm-v1 unless ``--no-async-scheduling`` (vLLM's own
+    default, for ``conform --engine vllm``)."""
     semantics = default_semantics if args.semantics is None else Semantics(args.semantics)
+    async_scheduling = args.async_scheduling
+    if async_scheduling is None:
+        async_scheduling = async_by_default and semantics is Semantics.VLLM_V1
     # What the profile implies (nano-vllm: no chunked prefill, caching on;
     # vllm-v0: no chunked prefill), unless given.
     implied = profile_defaults(semantics)
@@ -215,6 +231,7 @@ def scheduler_config(
             max_model_len=args.max_model_len,
             long_prefill_token_threshold=args.long_prefill_token_threshold,
             long_prefill_token_threshold_adaptive=args.long_prefill_token_threshold_adaptive,
+            async_scheduling=async_scheduling,
             **implied,
         )
     except ConfigError as e:

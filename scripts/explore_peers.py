@@ -67,7 +67,7 @@ from spec.types import (
     SchedulerConfig,
     Semantics,
 )
-from tests.stateful.events import prefix_events, profile_events
+from tests.stateful.events import ASYNC_ABORT_EVENT, prefix_events, profile_events
 
 ORACLE_VOCAB = 8
 ORACLE = HashOracle(vocab_size=ORACLE_VOCAB)
@@ -115,6 +115,7 @@ def draw(
     semantics: Semantics,
     shared_prefix: bool = False,
     long_prefill: bool = False,
+    async_scheduling: bool = False,
 ) -> tuple[SchedulerConfig, list[WorkloadRequest]]:
     nano = peer == "nano-vllm" or semantics is Semantics.NANO_VLLM
     v0 = peer == "vllm-v0" or semantics is Semantics.VLLM_V0
@@ -200,6 +201,8 @@ def draw(
             long_prefill_token_threshold=rng.randint(1, max(1, min(16, top))),
             long_prefill_token_threshold_adaptive=rng.random() < 0.5,
         )
+    if async_scheduling:  # vllm-v1/async-*: after every other draw, so the runs are the same
+        config = dataclasses.replace(config, async_scheduling=True)
     return config, workload
 
 
@@ -263,6 +266,8 @@ def run_with_aborts(
             if live and rng.random() < p_abort:
                 victim = rng.choice(live)
                 aborted.add(victim.request_id)
+                if events is not None and victim.num_in_flight_tokens:
+                    events.add(ASYNC_ABORT_EVENT)
                 lock.abort(victim.request_id)
                 pending.append(
                     WorkloadRequest(
@@ -296,7 +301,9 @@ def run_with_aborts(
                         prompts_sent_before=finished_prompts,
                     )
                 )
-                prompts = {r.request_id: r.request.prompt_token_ids for r in mid.running}
+                prompts = {
+                    r.request_id: r.request.prompt_token_ids for r in (*mid.running, *mid.waiting)
+                }
                 finished_prompts.update(prompts[f.request_id] for f in plan.finished)
         lock.finish()
     except Diverged as e:
@@ -326,6 +333,7 @@ def command(peer: str, path: Path, c: SchedulerConfig) -> str:
             if c.long_prefill_token_threshold_adaptive
             else ""
         )
+        + (" --async-scheduling" if c.async_scheduling else "")
     )
 
 
@@ -362,6 +370,11 @@ def main() -> int:
         action="store_true",
         help="vllm-v1: a long_prefill_token_threshold of 1-16, adaptive half the time",
     )
+    parser.add_argument(
+        "--async-scheduling",
+        action="store_true",
+        help="vllm-v1: async scheduling on (vLLM's AsyncScheduler and batch queue)",
+    )
     args = parser.parse_args()
     kinds: collections.Counter[str] = collections.Counter()
     runs_with: collections.Counter[str] = collections.Counter()  # runs that met each event
@@ -386,6 +399,7 @@ def main() -> int:
                 semantics=semantics,
                 shared_prefix=args.shared_prefix,
                 long_prefill=args.long_prefill,
+                async_scheduling=args.async_scheduling,
             )
             eos = common_eos(r.params for r in workload) if args.peer == "nano-vllm" else None
             if args.peer == "kvsched":
@@ -398,7 +412,13 @@ def main() -> int:
             kinds[f"unsupported: {e}"] += 1
             continue
         # Events are counted on the same loop (the profile's rules: vllm-v0's, nano-vllm's).
-        if args.aborts or args.shared_prefix or args.long_prefill or semantics is Semantics.VLLM_V0:
+        if (
+            args.aborts
+            or args.shared_prefix
+            or args.long_prefill
+            or args.async_scheduling
+            or semantics is Semantics.VLLM_V0
+        ):
             events: set[str] = set()
             report = run_with_aborts(
                 peer,

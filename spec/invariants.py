@@ -24,6 +24,7 @@ from spec.profiles import (
     gpu_blocks_owned,
     length_capped,
     model_len,
+    num_tokens_with_placeholders,
     offloads_starved,
     prefill_first,
     reserves_generation,
@@ -96,13 +97,18 @@ def _request_violations(state: SchedulerState, queue: str, request: RequestState
         found.append(f"R4: {queue} request {rid!r} has max_tokens {params.max_tokens} < 1")
     elif prompt_len >= 1 and too_large(state.config, prompt_len, params.max_tokens):
         found.append(f"R4: {queue} request {rid!r} is too large but was accepted")
+    placeholders = request.num_output_placeholders
     if queue == "waiting":
-        if computed != 0:
-            found.append(f"R2: waiting request {rid!r} has computed {computed} != 0")
-    elif not 1 <= computed < request.num_tokens:
+        if computed != 0 or placeholders != 0:
+            found.append(
+                f"R2: waiting request {rid!r} has computed {computed}, placeholders "
+                f"{placeholders}, not 0"
+            )
+    elif not 1 <= computed < num_tokens_with_placeholders(request):
         found.append(
-            f"R2: {queue} request {rid!r} needs 1 <= computed < num_tokens, got "
-            f"computed {computed}, num_tokens {request.num_tokens}"
+            f"R2: {queue} request {rid!r} needs 1 <= computed < num_tokens + placeholders, "
+            f"got computed {computed}, num_tokens {request.num_tokens}, placeholders "
+            f"{placeholders}"
         )
     elif (
         queue == "running"
@@ -114,6 +120,7 @@ def _request_violations(state: SchedulerState, queue: str, request: RequestState
             f"{request.num_tokens - computed} tokens to compute; without chunked prefill "
             "a running request is one decode from its end"
         )
+    found.extend(_in_flight_violations(state, queue, request))
     length = model_len(state.config)
     # vllm-v0/max-model-len accepts a prompt of exactly max_model_len tokens (it stops
     # at its first output); every other live request is below it.
@@ -145,6 +152,32 @@ def _request_violations(state: SchedulerState, queue: str, request: RequestState
         found.append(
             f"R4: {queue} request {rid!r} has arrival {request.request.arrival} outside "
             f"0..{state.next_arrival - 1}"
+        )
+    return found
+
+
+def _in_flight_violations(state: SchedulerState, queue: str, request: RequestState) -> list[str]:
+    """vllm-v1/async-*: a request's in-flight counts agree with the steps in flight (none
+    without async scheduling); only a waiting request has stale tokens, at most its
+    in-flight ones; a running one has a placeholder per sampling chunk in flight."""
+    rid = request.request_id
+    chunks = [c for batch in state.in_flight for c in batch.scheduled if c.request_id == rid]
+    sampling = sum(rid in batch.sampling_ids for batch in state.in_flight)
+    in_flight = request.num_in_flight_tokens
+    stale = request.num_stale_output_tokens
+    found: list[str] = []
+    if in_flight != sum(c.num_tokens for c in chunks):
+        found.append(
+            f"async-placeholders: {queue} request {rid!r} has {in_flight} tokens in flight, "
+            f"the steps in flight schedule {sum(c.num_tokens for c in chunks)}"
+        )
+    if not 0 <= stale <= in_flight or (stale and queue != "waiting"):
+        found.append(f"async-stale-output: {queue} request {rid!r} has {stale} stale tokens")
+    if queue == "running" and not stale and request.num_output_placeholders != sampling:
+        found.append(
+            f"async-placeholders: running request {rid!r} has "
+            f"{request.num_output_placeholders} placeholders for {sampling} sampling steps "
+            "in flight"
         )
     return found
 
@@ -405,10 +438,11 @@ def _chunk_violations(before: SchedulerState, plan: StepPlan) -> list[str]:
                 f"R5: chunk of {rid!r} starts at {chunk.start}, not at its computed "
                 f"{request.num_computed_tokens}"
             )
-        if chunk.start + chunk.num_tokens > request.num_tokens:
+        if chunk.start + chunk.num_tokens > num_tokens_with_placeholders(request):
             found.append(
                 f"R5: chunk of {rid!r} ends at {chunk.start + chunk.num_tokens} > "
-                f"num_tokens {request.num_tokens}"
+                f"num_tokens {request.num_tokens} + placeholders "
+                f"{request.num_output_placeholders}"
             )
     return found
 
@@ -464,6 +498,12 @@ def _sampling_violations(before: SchedulerState, plan: StepPlan) -> list[str]:
         for c in plan.scheduled
         if c.request_id in old and c.start + c.num_tokens == old[c.request_id][1].num_tokens
     ]
+    if before.config.async_scheduling:
+        # vllm-v1/async-commit: the step applied now is an earlier one (or none).
+        from spec.pipeline import applied_from  # noqa: PLC0415  (it builds on this module)
+
+        applied = applied_from(before, plan)
+        expected = [] if applied is None else [r for r in applied.sampling_ids if r in old]
     got = [s.request_id for s in plan.sampled]
     if got != expected:
         found.append(f"R10: sampled {got}, expected the completing chunks {expected}")
@@ -486,7 +526,8 @@ def _sampling_violations(before: SchedulerState, plan: StepPlan) -> list[str]:
         reason = _expected_reason(before.config, request, token)
         if f.finish_reason != reason:
             found.append(f"R10: {f.request_id!r} finished with {f.finish_reason}, not {reason}")
-        if f.num_preemptions != request.num_preemptions:
+        victim = any(p.request_id == f.request_id for p in plan.preempted)  # async: stale stop
+        if f.num_preemptions != request.num_preemptions + victim:
             found.append(f"R10: {f.request_id!r} reports a wrong num_preemptions")
     return found
 
@@ -528,8 +569,16 @@ def _after_violations(before: SchedulerState, plan: StepPlan, after: SchedulerSt
         running.sort(key=arrival.__getitem__)
     if _ids(after.running) != running:
         found.append(f"R5-R8: running is {_ids(after.running)}, expected {running}")
-    to_waiting = [p.request_id for p in plan.preempted if p.mode is not PreemptionMode.SWAP]
-    kept_waiting = [rid for rid in _ids(before.waiting) if rid not in admitted_set]
+    # Under async scheduling a victim may also finish in its step (a stop delivered
+    # stale: vllm-v1/async-stale-output), and a waiting request too.
+    to_waiting = [
+        p.request_id
+        for p in plan.preempted
+        if p.mode is not PreemptionMode.SWAP and p.request_id not in finished
+    ]
+    kept_waiting = [
+        rid for rid in _ids(before.waiting) if rid not in admitted_set and rid not in finished
+    ]
     waiting = (
         [*kept_waiting, *reversed(to_waiting)] if tail else [*reversed(to_waiting), *kept_waiting]
     )
@@ -566,6 +615,8 @@ def _expected_progress(
     token: int | None,
 ) -> tuple[tuple[int, ...], int, int]:
     outputs = prev.output_token_ids
+    if token is not None:  # a victim's stale output is delivered too (async scheduling)
+        outputs = (*outputs, token)
     if mode is not None:
         if mode is PreemptionMode.SWAP:
             return outputs, prev.num_computed_tokens, prev.num_preemptions + 1
@@ -575,8 +626,6 @@ def _expected_progress(
     computed = prev.num_computed_tokens
     if chunk is not None:  # from the chunk's start: an admission may begin after a hit (PC4)
         computed = chunk.start + chunk.num_tokens
-    if token is not None:
-        outputs = (*outputs, token)
     return outputs, computed, prev.num_preemptions
 
 

@@ -68,8 +68,8 @@ def found_at(state: SchedulerState, request_id: str, where: tuple[Queue, int] | 
 
 
 def is_busy(state: SchedulerState) -> bool:
-    """Whether any request is live, or any block (GPU or CPU) is not free."""
-    return bool(live_request_ids(state)) or (
+    """Whether any request is live or step in flight, or any block (GPU or CPU) is not free."""
+    return bool(live_request_ids(state) or state.in_flight) or (
         state.num_free_gpu_blocks,
         state.num_free_cpu_blocks,
     ) != (state.config.num_gpu_blocks, state.config.num_cpu_blocks)
@@ -109,11 +109,24 @@ def live_request_ids(state: SchedulerState) -> tuple[str, ...]:
 
 
 def has_unfinished_requests(state: SchedulerState) -> bool:
-    """Whether any request is still live (waiting, running or swapped).
+    """Whether any request is still live (waiting, running or swapped), or, under async
+    scheduling, a step is still in flight (``EngineCore`` steps until its batch queue is
+    empty, vllm-v1/async-batch-queue).
 
-    post: __return__ == bool(state.waiting or state.running or state.swapped)
+    post: __return__ == bool(state.waiting or state.running or state.swapped or state.in_flight)
     """
-    return bool(state.waiting or state.running or state.swapped)
+    return bool(state.waiting or state.running or state.swapped or state.in_flight)
+
+
+def has_requests(state: SchedulerState) -> bool:
+    """**vllm-v1/async-batch-queue**: whether an async step schedules at all: a request
+    is live, or one finished or was aborted since the last ``schedule`` (vLLM's
+    ``has_requests``, ``v1/core/sched/interface.py:199-202``; ``EngineCore`` reads it at
+    ``v1/engine/core.py:723``).
+
+    post: __return__ == (bool(live_request_ids(state)) or state.has_finished_requests)
+    """
+    return bool(state.waiting or state.running or state.swapped) or state.has_finished_requests
 
 
 def num_unfinished_requests(state: SchedulerState) -> int:
@@ -359,6 +372,8 @@ def abort_request(state: SchedulerState, request_id: str) -> tuple[SchedulerStat
         finish_reason=FinishReason.ABORTED,
         num_preemptions=request.num_preemptions,
     )
+    if state.config.async_scheduling:  # vllm-v1/async-batch-queue: finished_req_ids
+        new_state = replace(new_state, has_finished_requests=True)
     held = held_after_finish(state.config, (request_id,))  # until the next plan
     if held:
         new_state = replace(new_state, ids_held=(*state.ids_held, *held))

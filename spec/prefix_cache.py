@@ -405,14 +405,21 @@ def grow(
     are free is the caller's to decide, with its own arithmetic (phase A's ``need``,
     phase C's PC4 test, Rule P's ``_fits``), which this count does not replace.
 
-    pre: 0 <= start <= end <= len(tokens)
+    Under async scheduling (vllm-v1/async-placeholders) a chunk may end past the known
+    tokens, on placeholders: its blocks are taken for ``end``, but keys only go up to
+    the known tokens (``allocate_slots`` caches ``min(computed + n, num_tokens)``,
+    ``v1/core/kv_cache_manager.py:612-616``); the rest are keyed when the outputs are
+    applied (``spec.pipeline``).
+
+    pre: 0 <= start <= min(end, len(tokens))
     pre: len(set(cache.free_queue)) == len(cache.free_queue) and len(set(held)) == len(held)
     pre: len(held) <= cdiv(end, config.block_size) <= len(held) + len(touch(cache, held).free_queue)
     post: grown(held, cdiv(end, config.block_size), *__return__)
     """
     cache, new = take(touch(cache, held), cdiv(end, config.block_size) - len(held))
     block_ids = (*held, *new)
-    return key_blocks(config, cache, tokens, block_ids, start=start, end=end), block_ids
+    known = min(end, len(tokens))
+    return key_blocks(config, cache, tokens, block_ids, start=start, end=known), block_ids
 
 
 # --- PC1, PC6 by profile: holders and freeing ----------------------------------------

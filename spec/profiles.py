@@ -259,6 +259,64 @@ def long_prefill_cap(state: SchedulerState) -> int:
     return threshold
 
 
+# --- vllm-v1/async-*: the rules async scheduling adds to phases A and C (spec.pipeline) --
+
+
+def num_tokens_with_placeholders(request: RequestState) -> int:
+    """**vllm-v1/async-placeholders**: the tokens a request's cache holds once every step
+    in flight is applied: prompt, outputs, and one placeholder for each token a step in
+    flight will sample (vLLM's ``num_tokens_with_spec + num_output_placeholders``,
+    ``v1/core/sched/scheduler.py:703-706``).
+
+    Phase A's chunk is this less ``computed``, so a decoding request is scheduled again on
+    its placeholder before the token is known, and a chunk samples when it reaches this
+    count (``spec.scheduler.samples``). Without async scheduling a request has no
+    placeholders and this is ``num_tokens``.
+
+    post: __return__ == request.num_tokens + request.num_output_placeholders
+    """
+    return request.num_tokens + request.num_output_placeholders
+
+
+def in_flight_reaches_the_end(config: SchedulerConfig, request: RequestState) -> bool:
+    """**vllm-v1/async-max-tokens**: phase A walks past (it does not stop at) a running
+    request whose outputs in flight already end it by length: with placeholders ``p >
+    0``, ``computed + 2 - p >= prompt + max_tokens`` (``scheduler.py:663-676``: the
+    step in flight samples its last allowed token), or, with a ``max_model_len`` ``L``,
+    ``computed >= L - 1`` (its chunk, cut to ``L - computed - 1`` tokens at
+    ``:714-720``, would be empty: the ``num_new_tokens == 0`` skip at ``:755-773``).
+
+    An EOS cannot be foreseen: a request whose token in flight is its EOS is scheduled
+    once more, and that step's output is discarded (``spec.pipeline``,
+    vllm-v1/async-discard). Without placeholders (every synchronous step, and a request
+    mid-prefill) nothing is skipped.
+
+    post: not __return__ or request.num_output_placeholders > 0
+    """
+    placeholders = request.num_output_placeholders
+    if placeholders == 0:
+        return False
+    computed = request.num_computed_tokens
+    end = len(request.request.prompt_token_ids) + request.request.params.max_tokens
+    if computed + 2 - placeholders >= end:
+        return True
+    length = model_len(config)
+    return length is not None and computed + 1 >= length
+
+
+def stale_output_in_flight(request: RequestState) -> bool:
+    """**vllm-v1/async-stale-output**, admission: phase C walks past (it does not stop
+    at) a waiting request that was preempted while a step of its was in flight, until
+    that step's output has been applied (``scheduler.py:934-939``: resuming earlier
+    could resample a position the stale output later delivers). The walk goes on with
+    the next waiting request; the skipped ones keep their place at the front of
+    ``waiting``, in order (``:904-910``, ``:1394-1395``).
+
+    post: __return__ == (request.num_stale_output_tokens > 0)
+    """
+    return request.num_stale_output_tokens > 0
+
+
 def capped(num_tokens: int, cap: int) -> int:
     """A chunk of ``num_tokens`` cut to ``cap`` (vllm-v1/long-prefill-cap; 0: no cap).
 

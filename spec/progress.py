@@ -24,6 +24,7 @@ from spec.profiles import (
     long_prefill_cap,
     reserved_blocks,
     running_capped,
+    stale_output_in_flight,
     whole_sequence_admissible,
 )
 from spec.types import PrefixCacheState, RequestState, SchedulerConfig, SchedulerState, StepPlan
@@ -201,8 +202,8 @@ def progress_violations(before: SchedulerState, plan: StepPlan) -> tuple[str, ..
     upto = len(admitted) if first else len(plan.scheduled)
     policy = get_policy(config.policy)
     for request in policy.order_waiting(before.waiting):
-        if request.request_id in admitted:
-            continue
+        if request.request_id in admitted or stale_output_in_flight(request):
+            continue  # a stale output still in flight is a wait of its own (async)
         left = _left_after(before, plan, upto)
         num_hit, evictable = hit = _hit(request, left, config.block_size)
         n = _fits(request, config, left, hit)

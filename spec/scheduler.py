@@ -33,6 +33,7 @@ from spec.invariants import (
     outputs_extended,
 )
 from spec.kv import blocks_held, blocks_needed, cdiv, chunk_for_prefill
+from spec.lifecycle import has_requests
 from spec.policies import (
     Policy,
     always_admit,
@@ -62,13 +63,16 @@ from spec.profiles import (
     full_sequence_fits,
     gpu_blocks_owned,
     held_after_finish,
+    in_flight_reaches_the_end,
     length_capped,
     long_prefill_cap,
     next_victim,
+    num_tokens_with_placeholders,
     offloads_starved,
     reserved_blocks,
     reserves_generation,
     running_capped,
+    stale_output_in_flight,
     step_token_limit,
     tracks_decoding,
     victim_among_all_running,
@@ -80,6 +84,7 @@ from spec.reserve import schedule_reserving
 from spec.types import (
     FinishedRequest,
     FinishReason,
+    InFlightBatch,
     Preemption,
     PreemptionMode,
     PrefixCacheState,
@@ -240,7 +245,14 @@ def recompute(victim: RequestState) -> RequestState:
 
     post: preempted_as(victim, __return__, 0, victim.output_token_ids)
     """
-    return replace(victim, num_computed_tokens=0, num_preemptions=victim.num_preemptions + 1)
+    return replace(
+        victim,
+        num_computed_tokens=0,
+        num_preemptions=victim.num_preemptions + 1,
+        # vllm-v1/async-stale-output: what is in flight is stale; its placeholders go.
+        num_output_placeholders=0,
+        num_stale_output_tokens=victim.num_in_flight_tokens,
+    )
 
 
 def restart(victim: RequestState) -> RequestState:
@@ -519,20 +531,27 @@ def schedule_running(draft: StepDraft) -> StepDraft:
         elif budget == 0:
             break
         request = running[i]
+        if in_flight_reaches_the_end(config, request):  # vllm-v1/async-max-tokens
+            i += 1
+            continue
         computed = request.num_computed_tokens
-        remaining = request.num_tokens - computed
+        remaining = num_tokens_with_placeholders(request) - computed
         n = remaining if unbudgeted else running_chunk(remaining, budget, draft.long_prefill_cap)
         need = blocks_needed(computed, n, bs)
         while blocks_to_run(config, computed, n) > free:
             k = profile_victim(config, policy, tuple(running), i)
             victim = running.pop(k)
             held = victim.num_computed_tokens
-            if k < i:  # vllm-v1/priority-victim-any-running: undo its chunk
-                chunk = chunks.pop(k)
+            if k < i:  # vllm-v1/priority-victim-any-running: a victim behind the walk
+                i -= 1
+            # Its chunk, if it has one, is undone (found by id: a request phase A walked
+            # past, vllm-v1/async-max-tokens, has none).
+            scheduled = [c.request_id for c in chunks]
+            if victim.request_id in scheduled:
+                chunk = chunks.pop(scheduled.index(victim.request_id))
                 undone.append(chunk.request_id)
                 budget += chunk.num_tokens
                 held += chunk.num_tokens
-                i -= 1
                 if cache is not None:  # vllm-v1/undone-chunk-unkeyed (V11)
                     cache = unkey_undone_chunk(
                         cache,
@@ -837,6 +856,8 @@ def admit_waiting(draft: StepDraft) -> StepDraft:
         request = candidate
         if len(chunks) >= seats or budget == 0:
             break
+        if stale_output_in_flight(request):  # vllm-v1/async-stale-output
+            continue
         if not whole_sequence_admissible(config, request, budget, free):
             break
         hit: tuple[int, ...] = ()
@@ -916,6 +937,28 @@ def step_planned(state: SchedulerState, state_mid: SchedulerState, plan: StepPla
     )
 
 
+def queued(state_mid: SchedulerState, plan: StepPlan) -> SchedulerState:
+    """**vllm-v1/async-batch-queue**: the step ``plan`` joins the steps in flight, with
+    the requests its chunks make sample (the model runner's output), and the finished
+    requests are no longer news (``schedule`` clears ``finished_req_ids``,
+    ``v1/core/sched/scheduler.py:1645-1650``).
+
+    post: __return__.in_flight[:-1] == state_mid.in_flight
+    post: __return__.in_flight[-1].scheduled == plan.scheduled
+    """
+    by_id = _running_by_id(state_mid)
+    batch = InFlightBatch(
+        step=plan.step,
+        scheduled=plan.scheduled,
+        sampling_ids=tuple(
+            c.request_id
+            for c in plan.scheduled
+            if samples(by_id[c.request_id], c.start, c.num_tokens)
+        ),
+    )
+    return replace(state_mid, in_flight=(*state_mid.in_flight, batch), has_finished_requests=False)
+
+
 def schedule(state: SchedulerState) -> tuple[SchedulerState, StepPlan]:
     """Phases A-C of a step: decide what runs and allocate its blocks (R5-R8).
 
@@ -946,6 +989,8 @@ def schedule(state: SchedulerState) -> tuple[SchedulerState, StepPlan]:
         return schedule_offloading(state)
     if reserves_generation(state.config):
         return schedule_reserving(state)
+    if state.config.async_scheduling and not has_requests(state):
+        return state, StepPlan.of(step=state.num_steps)  # vllm-v1/async-batch-queue
     draft = first_draft(state)
     if admits_first(state):
         admitted = admit_waiting(draft)
@@ -960,6 +1005,8 @@ def schedule(state: SchedulerState) -> tuple[SchedulerState, StepPlan]:
         preempted=draft.preempted,
         swapped_in=draft.swapped_in,
     )
+    if state.config.async_scheduling:
+        return queued(draft.state, plan), plan
     return draft.state, plan
 
 
@@ -1021,17 +1068,18 @@ def plan_matches(state_mid: SchedulerState, plan: StepPlan) -> bool:
         seen.add(chunk.request_id)
         if chunk.start != request.num_computed_tokens:
             return False
-        if not 1 <= chunk.num_tokens <= request.num_tokens - chunk.start:
+        if not 1 <= chunk.num_tokens <= num_tokens_with_placeholders(request) - chunk.start:
             return False
     return True
 
 
 def samples(request: RequestState, start: int, num_tokens: int) -> bool:
-    """R10: a chunk samples a token when it brings ``computed`` up to ``num_tokens``.
+    """R10: a chunk samples a token when it brings ``computed`` up to ``num_tokens``
+    (under async scheduling, plus the placeholders: vllm-v1/async-placeholders).
 
     That is when the prefill is complete, or for every decode.
     """
-    return start + num_tokens == request.num_tokens
+    return start + num_tokens == num_tokens_with_placeholders(request)
 
 
 def sampling_request_ids(state_mid: SchedulerState, plan: StepPlan) -> tuple[str, ...]:
@@ -1039,9 +1087,16 @@ def sampling_request_ids(state_mid: SchedulerState, plan: StepPlan) -> tuple[str
 
     ``state_mid`` and ``plan`` are what ``schedule`` returned.
 
+    Under async scheduling, the ids of the step whose outputs this step applies
+    (``spec.pipeline.applied_sampling_ids``).
+
     pre: plan_matches(state_mid, plan)
-    post: len(__return__) <= len(plan.scheduled)
+    post: state_mid.config.async_scheduling or len(__return__) <= len(plan.scheduled)
     """
+    if state_mid.config.async_scheduling:
+        from spec.pipeline import applied_sampling_ids  # noqa: PLC0415  (it builds on this module)
+
+        return applied_sampling_ids(state_mid, plan)
     by_id = _running_by_id(state_mid)
     return tuple(
         request_id
@@ -1062,7 +1117,12 @@ def step_completed(
     """``complete_step``'s contract: GPU blocks conserved (free + in use after = free + in
     use with the chunks before) and free only grows; CPU pool, ``waiting`` and
     ``swapped`` untouched; outputs only appended, one token per sampling request; no
-    running request left with ``max_tokens`` outputs or its EOS (R10); one step more."""
+    running request left with ``max_tokens`` outputs or its EOS (R10); one step more.
+    Under async scheduling: ``spec.pipeline.async_step_completed``."""
+    if state_mid.config.async_scheduling:
+        from spec.pipeline import async_step_completed  # noqa: PLC0415  (it builds on this module)
+
+        return async_step_completed(state_mid, plan, tokens, after, done)
     gpu_before = state_mid.num_free_gpu_blocks + blocks_in_use(state_mid, plan.scheduled)[0]
     untouched = (state_mid.num_free_cpu_blocks, state_mid.swapped, state_mid.waiting)
     return (
@@ -1096,10 +1156,16 @@ def complete_step(
     is decoding (``RequestState.decoding``); under transformers/admission-frozen a
     finished request unfreezes admission.
 
+    Under async scheduling the step is ``spec.pipeline.complete_async_step``'s instead.
+
     pre: plan_matches(state_mid, plan)
     post: step_completed(state_mid, plan, tokens, *__return__)
     raises: SampledTokensError
     """
+    if state_mid.config.async_scheduling:
+        from spec.pipeline import complete_async_step  # noqa: PLC0415  (it builds on this module)
+
+        return complete_async_step(state_mid, plan, tokens)
     by_id = _running_by_id(state_mid)
     updated: dict[str, RequestState | None] = {}
     sampled_ids: list[str] = []
@@ -1196,7 +1262,7 @@ def oracle_tokens(
     pre: plan_matches(state_mid, plan)
     post: tuple(__return__) == sampling_request_ids(state_mid, plan)
     """
-    by_id = _running_by_id(state_mid)
+    by_id = {r.request_id: r for r in (*state_mid.running, *state_mid.waiting)}
     tokens: dict[str, int] = {}
     for request_id in sampling_request_ids(state_mid, plan):
         request = by_id[request_id]
@@ -1209,7 +1275,8 @@ def oracle_tokens(
 def stepped(state: SchedulerState, after: SchedulerState, plan: StepPlan) -> bool:
     """``step``'s contract: ``after`` valid (every invariant, both pools conserved); the
     step valid (``check_plan``: R1-R10); the step counters and the token limit; and Rule
-    P (``progress_violations``): no request waits in a step that could take it back."""
+    P (``progress_violations``): no request waits in a step that could take it back.
+    Under async scheduling each of them reads the rules of ``spec.pipeline``."""
     return (
         check_state(after)
         and check_plan(state, plan, after)

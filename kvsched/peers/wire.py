@@ -41,7 +41,7 @@ from spec import oracle as oracles
 from spec import types as spec_types
 
 #: Bumped whenever a message or an encoded type changes shape.
-PROTOCOL_VERSION: Final = 1
+PROTOCOL_VERSION: Final = 2
 
 # What may cross: the spec's plain data (configs, requests, states, plans), the oracles
 # that can be rebuilt on the far side, and the observation's wrapper.
@@ -52,6 +52,7 @@ _DATACLASSES: Final[tuple[type[Any], ...]] = (
     spec_types.RequestState,
     spec_types.SchedulerState,
     spec_types.PrefixCacheState,
+    spec_types.InFlightBatch,
     spec_types.ScheduledChunk,
     spec_types.Preemption,
     spec_types.SampledToken,

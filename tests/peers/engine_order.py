@@ -1,5 +1,7 @@
-"""Scenarios that drive vLLM's scheduler as ``EngineCore`` does with async scheduling or
-n-gram speculative decoding on (``kvsched.peers.vllm_v1.VllmOptions``), and their traces.
+"""Scenarios that drive vLLM's scheduler as ``EngineCore`` does with async scheduling
+(the config's ``async_scheduling``) or n-gram speculative decoding
+(``kvsched.peers.vllm_v1.VllmOptions``) on, their traces, and (async) their lockstep
+with the spec.
 
 Each scenario is a small workload on a small pool, chosen so that one behaviour of the
 peer shows in its ``EngineStep`` records: an output in flight when its request finishes,
@@ -14,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
+from kvsched.peers.lockstep import Lockstep
 from kvsched.peers.vllm_v1 import EngineStep, VllmAdapter, VllmOptions
 from spec.oracle import ConstantOracle, Drafter, HashOracle, PromptLookupDrafter
 from spec.scheduler import TokenOracle
@@ -21,7 +24,6 @@ from spec.types import SamplingParams, SchedulerConfig, SchedulerState, Semantic
 
 ORACLE = HashOracle(vocab_size=8)
 NGRAM = PromptLookupDrafter(num_speculative_tokens=3, prompt_lookup_min=1, prompt_lookup_max=3)
-ASYNC = VllmOptions(async_scheduling=True)
 SPEC = VllmOptions(speculative=NGRAM)
 
 
@@ -50,7 +52,7 @@ Arrival = tuple[int, str, tuple[int, ...], SamplingParams]  # step, id, prompt, 
 class Scenario:
     config: SchedulerConfig
     requests: tuple[Arrival, ...]
-    options: VllmOptions
+    options: VllmOptions = field(default_factory=VllmOptions)
     oracle: TokenOracle = ORACLE
     drafter: Drafter | None = None
     aborts: Mapping[int, tuple[str, ...]] = field(default_factory=dict)  # before step n
@@ -71,6 +73,11 @@ def params(max_tokens: int, eos: int | None = None) -> SamplingParams:
     return SamplingParams(max_tokens=max_tokens, eos_token_id=eos, ignore_eos=eos is None)
 
 
+def asynchronous(config: SchedulerConfig) -> SchedulerConfig:
+    """``config`` with async scheduling on (vLLM's ``AsyncScheduler``, its batch queue)."""
+    return replace(config, async_scheduling=True)
+
+
 def tight() -> SchedulerConfig:
     """Three blocks of two: r0 (3 tokens) and r1 (2) fill them; the first decode that
     needs a block preempts r1."""
@@ -82,35 +89,30 @@ ONE = ((0, "r0", (1, 2, 3), params(9)),)
 
 SCENARIOS: dict[str, Scenario] = {
     "async-decode": Scenario(
-        config=vllm_config(num_gpu_blocks=8),
+        config=asynchronous(vllm_config(num_gpu_blocks=8)),
         requests=((0, "r0", (1, 2, 3, 4, 5), params(3)), (0, "r1", (9, 8, 7), params(4, eos=3))),
-        options=ASYNC,
     ),
     "async-eos-in-flight": Scenario(
-        config=vllm_config(num_gpu_blocks=8),
+        config=asynchronous(vllm_config(num_gpu_blocks=8)),
         requests=((0, "r0", (1, 2, 3), params(5, eos=0)),),
-        options=ASYNC,
         oracle=ConstantOracle(0),
     ),
-    "async-preempt-in-flight": Scenario(config=tight(), requests=TIGHT_PAIR, options=ASYNC),
+    "async-preempt-in-flight": Scenario(config=asynchronous(tight()), requests=TIGHT_PAIR),
     "async-abort-in-flight": Scenario(
-        config=vllm_config(num_gpu_blocks=8),
+        config=asynchronous(vllm_config(num_gpu_blocks=8)),
         requests=((0, "r0", (1, 2, 3), params(5)), (0, "r1", (5, 6), params(3))),
-        options=ASYNC,
         aborts={2: ("r0",)},
     ),
     # ORACLE samples 5 after (4, 5): r1's first output is its EOS; r0's decode then needs
     # the block r1 holds.
     "async-victim-already-stopped": Scenario(
-        config=vllm_config(num_gpu_blocks=2, block_size=2, max_num_batched_tokens=8),
+        config=asynchronous(vllm_config(num_gpu_blocks=2, block_size=2, max_num_batched_tokens=8)),
         requests=((0, "r0", (1, 2), params(2)), (0, "r1", (4, 5), params(2, eos=5))),
-        options=ASYNC,
     ),
     # ORACLE continues (1, 2, 3) with 5: r1's prompt starts with r0's first full block.
     "async-prefix-keys": Scenario(
-        config=vllm_config(num_gpu_blocks=8, enable_prefix_caching=True),
+        config=asynchronous(vllm_config(num_gpu_blocks=8, enable_prefix_caching=True)),
         requests=((0, "r0", (1, 2, 3), params(3)), (1, "r1", (1, 2, 3, 5, 9), params(2))),
-        options=ASYNC,
     ),
     "spec-all-accepted": Scenario(
         config=vllm_config(), requests=ONE, options=SPEC, drafter=OracleDrafter(ORACLE, 3, 3)
@@ -171,7 +173,8 @@ SCENARIOS: dict[str, Scenario] = {
 
 def synchronous(scenario: Scenario) -> Scenario:
     """The same scenario with async scheduling and speculative decoding off."""
-    return replace(scenario, options=VllmOptions(), drafter=None)
+    config = replace(scenario.config, async_scheduling=False)
+    return replace(scenario, config=config, options=VllmOptions(), drafter=None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,3 +212,23 @@ def trace(scenario: Scenario, *, max_steps: int = 100) -> Trace:
     return Trace(
         steps=tuple(steps), states=tuple(states), outputs=outputs, reasons=reasons, adapter=adapter
     )
+
+
+def lockstep(scenario: Scenario, *, max_steps: int = 100) -> int:
+    """Run ``scenario`` in lockstep with the spec (``Diverged`` at the first difference:
+    decisions, applied outputs, every request's counters, the batches in flight); the
+    number of steps it took."""
+    adapter = VllmAdapter(scenario.config, scenario.options, drafter=scenario.drafter)
+    lock = Lockstep(adapter, scenario.config, scenario.oracle, spec_samples=True)
+    pending = sorted(scenario.requests, key=lambda arrival: arrival[0])
+    while pending or lock.unfinished():
+        if lock.steps >= max_steps:
+            raise AssertionError(f"no drain within {max_steps} steps")
+        while pending and pending[0][0] <= lock.steps:
+            _, rid, prompt, request_params = pending.pop(0)
+            lock.add(rid, prompt, request_params)
+        for rid in scenario.aborts.get(lock.steps, ()):
+            lock.abort(rid)
+        lock.step()
+    lock.finish()
+    return lock.steps

@@ -124,8 +124,11 @@ def test_a_typed_error_crosses_as_itself() -> None:
     [
         ('{"v": 999, "id": 1, "op": "hello", "args": {}}', "protocol version 999"),
         ("not json", "not a protocol line"),
-        ('{"v": 1, "id": 1, "op": "x", "args": {"a": {"$": "Popen"}}}', "unknown type 'Popen'"),
-        ('{"v": 1, "id": 1}', "of no known kind"),
+        (
+            f'{{"v": {PROTOCOL_VERSION}, "id": 1, "op": "x", "args": {{"a": {{"$": "Popen"}}}}}}',
+            "unknown type 'Popen'",
+        ),
+        (f'{{"v": {PROTOCOL_VERSION}, "id": 1}}', "of no known kind"),
     ],
 )
 def test_a_bad_line_is_a_typed_error(line: str, message: str) -> None:

@@ -18,10 +18,18 @@ from importlib import metadata
 import pytest
 
 from kvsched.peers.protocol import PeerFailure, PeerUnsupportedError
-from kvsched.peers.vllm_v1 import VllmOptions, verify
+from kvsched.peers.vllm_v1 import VllmAdapter, VllmOptions, verify
 from spec.oracle import HashOracle
 from tests.peers.conftest import require_peer
-from tests.peers.engine_order import NGRAM, SCENARIOS, Trace, synchronous, trace
+from tests.peers.engine_order import (
+    NGRAM,
+    SCENARIOS,
+    Trace,
+    asynchronous,
+    lockstep,
+    synchronous,
+    trace,
+)
 
 
 def _installed(distribution: str) -> str | None:
@@ -142,8 +150,17 @@ def test_async_keys_a_decodes_block_one_step_later() -> None:
 
 
 def test_async_is_refused_with_ngram_speculative_decoding() -> None:
+    config = asynchronous(SCENARIOS["spec-all-accepted"].config)
     with pytest.raises(PeerUnsupportedError, match="async scheduling"):
-        VllmOptions(async_scheduling=True, speculative=NGRAM)
+        VllmAdapter(config, VllmOptions(speculative=NGRAM))
+
+
+@pytest.mark.parametrize("name", sorted(n for n in SCENARIOS if n.startswith("async-")))
+def test_the_spec_agrees_with_the_async_scheduler_every_step(name: str) -> None:
+    """vllm-v1/async-* (spec.pipeline): the spec's decisions, applied outputs, counters
+    (placeholders, tokens in flight, stale tokens) and batch queue equal vLLM's at every
+    step of each async scenario, and so do the finished requests."""
+    assert lockstep(SCENARIOS[name]) == len(run(name).steps)
 
 
 # --- speculative decoding -------------------------------------------------------------

@@ -11,8 +11,14 @@ from dataclasses import replace
 
 import spec
 from spec.kv import cdiv, chunk_for_prefill
+from spec.pipeline import applied_batch
 from spec.prefix_cache import longest_hit, num_evictable, request_tokens
-from spec.profiles import capped, long_prefill_cap
+from spec.profiles import (
+    capped,
+    in_flight_reaches_the_end,
+    long_prefill_cap,
+    stale_output_in_flight,
+)
 from spec.scheduler import first_draft, schedule_running
 from spec.types import (
     FinishReason,
@@ -105,6 +111,48 @@ def long_prefill_cap_events(
                 yield "vllm-v1/long-prefill-cap: a prompt chunked with chunked prefill off"
 
 
+#: vllm-v1/async-*'s events (spec.pipeline), the first four required of the vLLM machine.
+ASYNC_PREEMPT_EVENT = "vllm-v1/async-stale-output: a victim preempted with its step in flight"
+ASYNC_EOS_EVENT = "vllm-v1/async-discard: an EOS applied with the request's next step in flight"
+ASYNC_ABORT_EVENT = "vllm-v1/async-discard: an abort with the request's step in flight"
+ASYNC_MAX_TOKENS_EVENT = "vllm-v1/async-max-tokens: phase A walked past a request at its end"
+ASYNC_DELIVERED_EVENT = "vllm-v1/async-stale-output: a stale output delivered while it waits"
+ASYNC_STALE_STOP_EVENT = "vllm-v1/async-stale-output: a stale stop finished a waiting victim"
+ASYNC_STALE_SKIP_EVENT = "vllm-v1/async-stale-output: admission walked past a stale request"
+ASYNC_DROPPED_EVENT = "vllm-v1/async-discard: the output of a request gone dropped"
+
+
+def async_events(before: SchedulerState, mid: SchedulerState, plan: StepPlan) -> Iterator[str]:
+    """vllm-v1/async-*'s events: what the step applied (``applied_batch``) and decided."""
+    in_flight = {r.request_id for r in before.running if r.num_in_flight_tokens}
+    if any(p.request_id in in_flight for p in plan.preempted):
+        yield ASYNC_PREEMPT_EVENT
+    if any(in_flight_reaches_the_end(before.config, r) for r in before.running):
+        yield ASYNC_MAX_TOKENS_EVENT
+    waiting = {r.request_id for r in mid.waiting}
+    if any(rid in waiting for rid in plan.sampled_ids):
+        yield ASYNC_DELIVERED_EVENT
+    for finished in plan.finished:
+        if finished.request_id in waiting:
+            yield ASYNC_STALE_STOP_EVENT
+        elif finished.finish_reason is FinishReason.STOP and finished.request_id in (
+            plan.scheduled_ids
+        ):
+            yield ASYNC_EOS_EVENT
+    admitted = [r.request_id for r in before.waiting if r.request_id in plan.scheduled_ids]
+    order = spec.get_policy(before.config.policy).order_waiting(before.waiting)
+    ids = [r.request_id for r in order]
+    if admitted and any(
+        stale_output_in_flight(r) and ids.index(r.request_id) < ids.index(admitted[-1])
+        for r in order
+    ):
+        yield ASYNC_STALE_SKIP_EVENT
+    applied = applied_batch(mid, plan)
+    live = {r.request_id for r in (*mid.running, *mid.waiting)}
+    if applied is not None and any(c.request_id not in live for c in applied.scheduled):
+        yield ASYNC_DROPPED_EVENT
+
+
 def full_sequence_gate_refused(
     before: SchedulerState, mid: SchedulerState, plan: StepPlan
 ) -> int | None:
@@ -183,7 +231,10 @@ def profile_events(before: SchedulerState, mid: SchedulerState, plan: StepPlan) 
     if config.semantics in (Semantics.VLLM_V1, Semantics.VLLM_V0):
         for finished in plan.finished:
             outputs = len(finished.output_token_ids)
-            request = next(r for r in mid.running if r.request_id == finished.request_id)
+            # (Under async scheduling a victim's stale stop finishes it from waiting.)
+            request = next(
+                r for r in (*mid.running, *mid.waiting) if r.request_id == finished.request_id
+            )
             if (
                 finished.finish_reason is FinishReason.LENGTH
                 and outputs < request.request.params.max_tokens
@@ -214,6 +265,8 @@ def profile_events(before: SchedulerState, mid: SchedulerState, plan: StepPlan) 
         ):  # V11's second trigger needs exactly this: keys on blocks its chunk filled
             yield UNDONE_PREFILL_EVENT
         yield from long_prefill_cap_events(before, mid, plan)
+        if config.async_scheduling:
+            yield from async_events(before, mid, plan)
         held_back = full_sequence_gate_refused(before, mid, plan)
         if held_back is not None:
             yield "vllm-v1/full-sequence-admission: the gate held a request back"

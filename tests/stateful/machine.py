@@ -67,7 +67,13 @@ from spec.types import (
 from tests.drain import ProgressKey, drain_bound, progress_key
 from tests.stateful import checks
 from tests.stateful.coverage import RunRecord
-from tests.stateful.events import abort_label, prefix_events, profile_events, step_events
+from tests.stateful.events import (
+    ASYNC_ABORT_EVENT,
+    abort_label,
+    prefix_events,
+    profile_events,
+    step_events,
+)
 from tests.stateful.failures import InjectedFault, InvariantViolation, fail, require
 from tests.stateful.offload_reserve_events import refusal_events
 from tests.stateful.sizes import SUPPRESSED
@@ -255,6 +261,8 @@ class LockstepMachine(RuleBasedStateMachine):
         self.note(f"config: chunked prefill {'on' if config.enable_chunked_prefill else 'off'}")
         if config.max_num_seqs == 1:
             self.note("config: max_num_seqs=1")
+        if config.async_scheduling:
+            self.note("config: async scheduling")
         if config.enable_prefix_caching:
             self.note("config: prefix caching on")
             self.system_prompt = system_prompt(config, self.vocab)
@@ -711,7 +719,7 @@ class LockstepMachine(RuleBasedStateMachine):
         self.record.stats.steps += 1
         self.preemptions += len(plan.preempted)
         self.note_all(step_events(self.config, before, plan, after))
-        by_id = {r.request_id: r for r in mid.running}
+        by_id = {r.request_id: r for r in (*mid.running, *mid.waiting)}
         for finished in plan.finished:
             self.record_outcome(by_id[finished.request_id].request.arrival, finished)
         self.note_all(profile_events(before, mid, plan))
@@ -917,6 +925,8 @@ class LockstepMachine(RuleBasedStateMachine):
         assert finished is not None  # the spec knew it, so both sides aborted it
         queue, request = where
         self.note(abort_label(queue, request))
+        if request.num_in_flight_tokens:
+            self.note(ASYNC_ABORT_EVENT)
         self.record_outcome(request.request.arrival, finished)
 
     def record_outcome(self, arrival: int, finished: FinishedRequest) -> None:

