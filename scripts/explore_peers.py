@@ -10,6 +10,7 @@ The numbers in docs/peers.md ("how it was checked") come from this script::
     python scripts/explore_peers.py nano-vllm --runs 300 --seed 8000 --shared-prefix
     python scripts/explore_peers.py vllm --runs 300 --seed 8000 --shared-prefix
     python scripts/explore_peers.py vllm --runs 1000 --seed 30000 --long-prefill
+    python scripts/explore_peers.py vllm --runs 1000 --seed 40000 --async-scheduling --aborts 0.1
 
 Each run draws a small workload and config (block sizes 1-16, or 2-16 for nano-vllm;
 tight to roomy pools; budgets from ``max_num_seqs`` to 48; ``max_num_seqs`` 1-6; EOS or

@@ -148,6 +148,7 @@ ENGINE_ONLY = ("engine",)
 OFFLOAD = "impl/offload_step.py"
 RESERVE = "impl/reserve_step.py"
 SPEC_PROFILES = "spec/profiles.py"
+SPEC_PIPELINE = "spec/pipeline.py"
 
 #: What a wrong plan or state shows up as in the differential comparison.
 DIVERGES = ("plan_matches_spec", "observe_matches_spec", "same_abort")
@@ -736,6 +737,31 @@ MUTANTS: tuple[Mutant, ...] = (
         machines=("vllm",),
         expect=("plan_matches_spec",),
         common_mode=True,
+    ),
+    mutant(
+        "spec-vllm-v1-async-max-tokens-one-step-late",
+        "vllm-v1/async-max-tokens: the spec walks past a request only once its outputs "
+        "in flight are past max_tokens, so it schedules one step more than vLLM",
+        (
+            SPEC_PROFILES,
+            "    if computed + 2 - placeholders >= end:\n",
+            "    if computed + 1 - placeholders >= end:\n",
+        ),
+        # Only the spec has async scheduling: vLLM's AsyncScheduler is the other side.
+        machines=("vllm",),
+        expect=("plan_matches_spec",),
+    ),
+    mutant(
+        "spec-vllm-v1-async-stale-output-dropped",
+        "vllm-v1/async-stale-output: the spec drops a victim's stale output instead of "
+        "delivering it to the waiting request",
+        (
+            SPEC_PIPELINE,
+            "        if rid in sampling:\n",
+            "        if rid in sampling and not stale:\n",
+        ),
+        machines=("vllm",),
+        expect=("plan_matches_spec",),
     ),
     mutant(
         "nano-vllm-victim-last",

@@ -161,8 +161,18 @@ def _in_flight_violations(state: SchedulerState, queue: str, request: RequestSta
     without async scheduling); only a waiting request has stale tokens, at most its
     in-flight ones; a running one has a placeholder per sampling chunk in flight."""
     rid = request.request_id
-    chunks = [c for batch in state.in_flight for c in batch.scheduled if c.request_id == rid]
-    sampling = sum(rid in batch.sampling_ids for batch in state.in_flight)
+    mine = (rid, request.request.arrival)
+    chunks = [
+        c
+        for batch in state.in_flight
+        for c, arrival in zip(batch.scheduled, batch.arrivals, strict=True)
+        if (c.request_id, arrival) == mine
+    ]
+    sampling = sum(
+        any((c.request_id, a) == mine for c, a in zip(b.scheduled, b.arrivals, strict=True))
+        and rid in b.sampling_ids
+        for b in state.in_flight
+    )
     in_flight = request.num_in_flight_tokens
     stale = request.num_stale_output_tokens
     found: list[str] = []
@@ -500,10 +510,10 @@ def _sampling_violations(before: SchedulerState, plan: StepPlan) -> list[str]:
     ]
     if before.config.async_scheduling:
         # vllm-v1/async-commit: the step applied now is an earlier one (or none).
-        from spec.pipeline import applied_from  # noqa: PLC0415  (it builds on this module)
+        from spec.pipeline import applied_from, live_sampling_ids  # noqa: PLC0415
 
         applied = applied_from(before, plan)
-        expected = [] if applied is None else [r for r in applied.sampling_ids if r in old]
+        expected = [] if applied is None else list(live_sampling_ids(applied, before))
     got = [s.request_id for s in plan.sampled]
     if got != expected:
         found.append(f"R10: sampled {got}, expected the completing chunks {expected}")

@@ -50,11 +50,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import replace
 
-from spec.invariants import live_ids_sorted
+from spec.invariants import check_state, live_ids_sorted
 from spec.lifecycle import has_requests
 from spec.prefix_cache import give_keys, holders, release_blocks, request_tokens
 from spec.profiles import gpu_blocks_owned, length_capped
-from spec.scheduler import finish_reason
+from spec.scheduler import (
+    finish_reason,
+    plan_matches,  # noqa: F401  (used by the PEP 316 contracts)
+)
 from spec.types import (
     FinishedRequest,
     InFlightBatch,
@@ -101,9 +104,9 @@ def applied_batch(state_mid: SchedulerState, plan: StepPlan) -> InFlightBatch | 
 
 
 def applied_from(before: SchedulerState, plan: StepPlan) -> InFlightBatch | None:
-    """``applied_batch`` read from the state ``before`` the step (for ``spec.invariants``):
-    the batch ``schedule`` queued has ``plan``'s chunks; its samples never matter here,
-    since it is applied in its own step only if it scheduled nothing.
+    """``applied_batch`` read from the state ``before`` the step (for ``spec.invariants``).
+    The batch ``schedule`` queued stands in empty: it is applied in its own step only if
+    it scheduled nothing.
 
     post: __return__ is None or __return__.step <= plan.step
     """
@@ -111,40 +114,54 @@ def applied_from(before: SchedulerState, plan: StepPlan) -> InFlightBatch | None
     queued_now = has_requests(before)
     queue = before.in_flight
     if queued_now:
-        queue = (*queue, InFlightBatch(step=plan.step, scheduled=plan.scheduled, sampling_ids=()))
+        queue = (*queue, InFlightBatch(step=plan.step, scheduled=(), sampling_ids=(), arrivals=()))
     if pops_oldest(queued_now, len(queue), bool(plan.scheduled), live):
         return queue[0]
     return None
 
 
-def _live_by_id(state: SchedulerState) -> dict[str, RequestState]:
-    return {r.request_id: r for r in (*state.running, *state.waiting)}
+def live_sampling_ids(batch: InFlightBatch, state: SchedulerState) -> tuple[str, ...]:
+    """The requests of ``batch`` that sampled and are still live in ``state`` (the same
+    request: id and arrival), in its order; vllm-v1/async-discard drops the others.
+
+    post: len(__return__) == len(set(__return__))
+    """
+    live = {(r.request_id, r.request.arrival) for r in (*state.running, *state.waiting)}
+    sampling = set(batch.sampling_ids)
+    return tuple(
+        c.request_id
+        for c, arrival in zip(batch.scheduled, batch.arrivals, strict=True)
+        if c.request_id in sampling and (c.request_id, arrival) in live
+    )
 
 
 def applied_sampling_ids(state_mid: SchedulerState, plan: StepPlan) -> tuple[str, ...]:
-    """The requests whose tokens this step applies: those of ``applied_batch`` that
-    sampled and are still live (vllm-v1/async-discard drops the others), in its order.
+    """The requests whose tokens this step applies: ``live_sampling_ids`` of
+    ``applied_batch``.
 
     post: len(__return__) == len(set(__return__))
     """
     batch = applied_batch(state_mid, plan)
-    if batch is None:
-        return ()
-    live = _live_by_id(state_mid)
-    return tuple(rid for rid in batch.sampling_ids if rid in live)
+    return () if batch is None else live_sampling_ids(batch, state_mid)
 
 
 def advanced(state_mid: SchedulerState, plan: StepPlan, after: SchedulerState) -> bool:
-    """``advance``'s contract: each scheduled request's computed and in-flight counts grew
-    by its chunk, outputs untouched; the queues, pools and step count as they were."""
+    """``advance``'s contract: nothing changed if ``schedule`` did not run; else each
+    scheduled request's computed and in-flight counts grew by its chunk and its
+    placeholders by one if it samples, outputs untouched, and the queues, pools and step
+    count are as they were."""
+    if not scheduled_now(state_mid, plan):
+        return after == state_mid
     before = {r.request_id: r for r in state_mid.running}
+    sampling = state_mid.in_flight[-1].sampling_ids
     grew = all(
-        (r.num_computed_tokens, r.num_in_flight_tokens, r.output_token_ids)
+        (r.num_computed_tokens, r.num_in_flight_tokens, r.num_output_placeholders)
         == (
             c.start + c.num_tokens,
             before[c.request_id].num_in_flight_tokens + c.num_tokens,
-            before[c.request_id].output_token_ids,
+            before[c.request_id].num_output_placeholders + (c.request_id in sampling),
         )
+        and r.output_token_ids == before[c.request_id].output_token_ids
         for c in plan.scheduled
         for r in after.running
         if r.request_id == c.request_id
@@ -158,13 +175,15 @@ def advanced(state_mid: SchedulerState, plan: StepPlan, after: SchedulerState) -
 
 
 def advance(state_mid: SchedulerState, plan: StepPlan) -> SchedulerState:
-    """**vllm-v1/async-placeholders**: the step just scheduled is on its way; each chunk
-    ``(r, start, n)`` makes ``computed = start + n`` and ``in_flight += n``, and one
-    placeholder more if it samples (``queued`` recorded which).
+    """**vllm-v1/async-placeholders**: the step just scheduled (if ``schedule`` ran) is on
+    its way; each chunk ``(r, start, n)`` makes ``computed = start + n`` and ``in_flight +=
+    n``, and one placeholder more if it samples (``queued`` recorded which).
 
-    pre: scheduled_now(state_mid, plan)
+    pre: plan_matches(state_mid, plan)
     post: advanced(state_mid, plan, __return__)
     """
+    if not scheduled_now(state_mid, plan):
+        return state_mid
     batch = state_mid.in_flight[-1]
     chunks = {c.request_id: c for c in plan.scheduled}
     sampling = set(batch.sampling_ids)
@@ -222,7 +241,7 @@ def _keyed(
     )
 
 
-def apply_outputs(
+def _apply_outputs(
     state: SchedulerState, batch: InFlightBatch, tokens: Mapping[str, int]
 ) -> tuple[SchedulerState, tuple[str, ...], tuple[int, ...], tuple[FinishedRequest, ...]]:
     """Apply ``batch``'s outputs (vllm-v1/async-commit, -stale-output, -discard, -free):
@@ -233,9 +252,8 @@ def apply_outputs(
     -= n``. If it sampled, its token is delivered (``_delivered``); a running request's
     filled blocks get their keys; a stopped request leaves its queue, a running one
     freeing its ``cdiv(computed, bs)`` blocks (PC6 with prefix caching), and is
-    reported. ``tokens`` maps exactly ``applied_sampling_ids``' requests.
-
-    pre: len(state.in_flight) >= 1 and batch == state.in_flight[0]
+    reported. ``tokens`` maps exactly ``applied_sampling_ids``' requests. ``batch`` is
+    ``state.in_flight[0]``.
     """
     running = list(state.running)
     waiting = list(state.waiting)
@@ -245,12 +263,20 @@ def apply_outputs(
     sampled_tokens: list[int] = []
     finished: list[FinishedRequest] = []
     sampling = set(batch.sampling_ids)
-    for chunk in batch.scheduled:
+    for chunk, arrival in zip(batch.scheduled, batch.arrivals, strict=True):
         rid = chunk.request_id
-        queue = next((q for q in (running, waiting) if any(r.request_id == rid for r in q)), None)
-        if queue is None:
+        found = next(
+            (
+                (queue, i)
+                for queue in (running, waiting)
+                for i, r in enumerate(queue)
+                if (r.request_id, r.request.arrival) == (rid, arrival)
+            ),
+            None,
+        )
+        if found is None:
             continue  # vllm-v1/async-discard
-        index = next(i for i, r in enumerate(queue) if r.request_id == rid)
+        queue, index = found
         request = queue[index]
         stale = request.num_stale_output_tokens > 0
         request = replace(
@@ -299,13 +325,15 @@ def async_step_completed(
     after: SchedulerState,
     done: StepPlan,
 ) -> bool:
-    """``complete_async_step``'s contract: one step more; the decisions kept; one token per
-    applied sampling request; the queue holds at most one step; no live request left
+    """``complete_async_step``'s contract: ``after`` valid (every invariant: R2 with the
+    placeholders, the counters in flight); one step more; the decisions kept; one token
+    per applied sampling request; the queue holds at most one step; no live request left
     with ``max_tokens`` outputs (R10); GPU blocks only freed; no request appears or is
     lost but those reported finished."""
     gone = {f.request_id for f in done.finished}
     return (
-        after.num_steps == state_mid.num_steps + 1
+        check_state(after)
+        and after.num_steps == state_mid.num_steps + 1
         and (done.scheduled, done.preempted) == (plan.scheduled, plan.preempted)
         and done.sampled_ids == applied_sampling_ids(state_mid, plan)
         and len(done.sampled_ids) == len(tokens)
@@ -331,7 +359,7 @@ def complete_async_step(
     ``SampledTokensError``, nothing changes). The plan returned has this step's
     decisions and the applied step's ``sampled`` and ``finished``.
 
-    pre: state_mid.config.async_scheduling
+    pre: state_mid.config.async_scheduling and plan_matches(state_mid, plan)
     post: async_step_completed(state_mid, plan, tokens, *__return__)
     raises: SampledTokensError
     """
@@ -342,11 +370,10 @@ def complete_async_step(
             f"requests are {sorted(expected)}"
         )
     batch = applied_batch(state_mid, plan)
-    state = advance(state_mid, plan) if scheduled_now(state_mid, plan) else state_mid
-    state = replace(state, num_steps=state.num_steps + 1)
+    state = replace(advance(state_mid, plan), num_steps=state_mid.num_steps + 1)
     if batch is None:
         return state, plan
-    state, sampled_ids, sampled_tokens, finished = apply_outputs(state, batch, tokens)
+    state, sampled_ids, sampled_tokens, finished = _apply_outputs(state, batch, tokens)
     return state, replace(
         plan, sampled_ids=sampled_ids, sampled_token_ids=sampled_tokens, finished=finished
     )

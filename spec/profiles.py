@@ -294,7 +294,7 @@ def in_flight_reaches_the_end(config: SchedulerConfig, request: RequestState) ->
     post: not __return__ or request.num_output_placeholders > 0
     """
     placeholders = request.num_output_placeholders
-    if placeholders == 0:
+    if placeholders <= 0:
         return False
     computed = request.num_computed_tokens
     end = len(request.request.prompt_token_ids) + request.request.params.max_tokens

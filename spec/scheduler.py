@@ -943,13 +943,13 @@ def queued(state_mid: SchedulerState, plan: StepPlan) -> SchedulerState:
     requests are no longer news (``schedule`` clears ``finished_req_ids``,
     ``v1/core/sched/scheduler.py:1645-1650``).
 
-    post: __return__.in_flight[:-1] == state_mid.in_flight
-    post: __return__.in_flight[-1].scheduled == plan.scheduled
+    post: __return__.in_flight == (*state_mid.in_flight, __return__.in_flight[-1])
     """
     by_id = _running_by_id(state_mid)
     batch = InFlightBatch(
         step=plan.step,
         scheduled=plan.scheduled,
+        arrivals=tuple(by_id[c.request_id].request.arrival for c in plan.scheduled),
         sampling_ids=tuple(
             c.request_id
             for c in plan.scheduled

@@ -508,12 +508,16 @@ class InFlightBatch:
 
     ``scheduled`` are its chunks in plan order; ``sampling_ids`` the requests whose
     chunk reached their last known token plus placeholders, so the model samples for
-    them (the others were mid-prefill).
+    them (the others were mid-prefill). ``arrivals`` is each chunk's request's arrival:
+    with the id, it names the request (an id may be reused once its request finished
+    or was aborted; vLLM's front end gives each request an internal id of its own,
+    ``v1/engine/input_processor.py:363-371``).
     """
 
     step: int
     scheduled: tuple[ScheduledChunk, ...]
     sampling_ids: tuple[str, ...]
+    arrivals: tuple[int, ...]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

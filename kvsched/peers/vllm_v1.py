@@ -92,6 +92,7 @@ from spec.types import (
     SchedulerConfig,
     SchedulerState,
     StepPlan,
+    UnknownRequestError,
 )
 
 NAME = "vllm"
@@ -408,6 +409,12 @@ class VllmAdapter:
             self.block_hasher = v["get_request_block_hasher"](config.block_size, hash_fn)
         self.requests: dict[str, Any] = {}  # live id -> vLLM Request
         self.spec_requests: dict[str, Request] = {}
+        # vLLM's front end gives each request an internal id of its own
+        # (v1/engine/input_processor.py:363-371), so that an id used again after its
+        # request finished or was aborted names another request, also in the batches
+        # still in flight: vLLM's id -> ours, and -> the request's arrival.
+        self._ids: dict[str, str] = {}
+        self._arrivals: dict[str, int] = {}
         self.next_arrival = 0
         self.num_steps = 0
         self._victims: list[Any] = []
@@ -477,8 +484,9 @@ class VllmAdapter:
             max_tokens=params.max_tokens, ignore_eos=params.ignore_eos, temperature=0.0
         )
         sp.update_from_generation_config({}, eos_token_id=params.eos_token_id)
+        internal = f"{request_id}-{self.next_arrival}"
         request = v["Request"](
-            request_id=request_id,
+            request_id=internal,
             prompt_token_ids=list(prompt_token_ids),
             sampling_params=sp,
             pooling_params=None,
@@ -488,6 +496,8 @@ class VllmAdapter:
         )
         self.scheduler.add_request(request)
         self.requests[request_id] = request
+        self._ids[internal] = request_id
+        self._arrivals[internal] = self.next_arrival
         self.spec_requests[request_id] = Request(
             request_id=request_id,
             prompt_token_ids=tuple(prompt_token_ids),
@@ -497,7 +507,10 @@ class VllmAdapter:
         self.next_arrival += 1
 
     def abort_request(self, request_id: str) -> None:
-        self.scheduler.finish_requests(request_id, self.v["RequestStatus"].FINISHED_ABORTED)
+        if request_id not in self.requests:  # vLLM ignores it; the lockstep asks a refusal
+            raise UnknownRequestError(f"vllm: no live request {request_id!r}")
+        internal = self.requests[request_id].request_id
+        self.scheduler.finish_requests(internal, self.v["RequestStatus"].FINISHED_ABORTED)
         del self.requests[request_id]
         del self.spec_requests[request_id]
 
@@ -576,7 +589,7 @@ class VllmAdapter:
         out = self.scheduler.schedule()
         tokens: dict[str, list[int]] = {}
         for rid in out.num_scheduled_tokens:
-            request = self.requests[rid]
+            request = self.scheduler.requests[rid]
             if request.is_prefill_chunk:
                 continue
             in_flight = [
@@ -598,22 +611,25 @@ class VllmAdapter:
         (``num_computed_tokens`` already counts this batch's tokens: vLLM advances it
         inside ``schedule()``; a rejection or a later ``schedule()`` moves it again)."""
         out = batch.output
-        requests = self.requests
+        requests = self.scheduler.requests
+        ours = self._ids
         return EngineStep(
             step=batch.step,
             scheduled=tuple(
-                (rid, requests[rid].num_computed_tokens - n, n)
+                (ours[rid], requests[rid].num_computed_tokens - n, n)
                 for rid, n in out.num_scheduled_tokens.items()
             ),
             spec_decode=tuple(
-                (rid, tuple(drafts)) for rid, drafts in out.scheduled_spec_decode_tokens.items()
+                (ours[rid], tuple(drafts))
+                for rid, drafts in out.scheduled_spec_decode_tokens.items()
             ),
             placeholders=tuple(
-                (rid, requests[rid].num_output_placeholders) for rid in out.num_scheduled_tokens
+                (ours[rid], requests[rid].num_output_placeholders)
+                for rid in out.num_scheduled_tokens
             )
             if self.config.async_scheduling
             else (),
-            preempted=tuple(r.request_id for r in self._victims),
+            preempted=tuple(ours[r.request_id] for r in self._victims),
         )
 
     def hot_step(self, token: int) -> Callable[[], None]:
@@ -656,24 +672,26 @@ class VllmAdapter:
         )
         engine_outputs = self.scheduler.update_from_output(out, batch.runner_output)
         outputs = [o for eco in engine_outputs.values() for o in eco.outputs]
+        ours = self._ids
         return EngineStep(
             step=batch.step,
             scheduled=(),
             processed=batch.step,
             sampled=tuple(
-                (o.request_id, tuple(o.new_token_ids)) for o in outputs if o.new_token_ids
+                (ours[o.request_id], tuple(o.new_token_ids)) for o in outputs if o.new_token_ids
             ),
-            rejected=rejected,
-            stale=stale,
-            discarded=discarded,
+            rejected=tuple((ours[rid], n) for rid, n in rejected),
+            stale=tuple(ours[rid] for rid in stale),
+            discarded=tuple(ours[rid] for rid in discarded),
             finished=tuple(self._finish(o) for o in outputs if o.finish_reason is not None),
         )
 
     def _finish(self, output: Any) -> FinishedRequest:
-        request = self.requests.pop(output.request_id)
-        del self.spec_requests[output.request_id]
+        rid = self._ids[output.request_id]
+        request = self.requests.pop(rid)
+        del self.spec_requests[rid]
         return FinishedRequest(
-            request_id=output.request_id,
+            request_id=rid,
             output_token_ids=tuple(request.output_token_ids),
             finish_reason=self._finish_reason(output.finish_reason),
             num_preemptions=request.num_preemptions,
@@ -698,7 +716,7 @@ class VllmAdapter:
 
     def _state_of(self, request: Any, table: Sequence[Any]) -> RequestState:
         return RequestState(
-            request=self.spec_requests[request.request_id],
+            request=self.spec_requests[self._ids[request.request_id]],
             output_token_ids=tuple(request.output_token_ids),
             num_computed_tokens=request.num_computed_tokens,
             num_preemptions=request.num_preemptions,
@@ -718,7 +736,8 @@ class VllmAdapter:
                     ScheduledChunk(request_id=rid, start=start, num_tokens=n)
                     for rid, start, n in batch.scheduled
                 ),
-                sampling_ids=tuple(batch.tokens),
+                sampling_ids=tuple(self._ids[rid] for rid in batch.tokens),
+                arrivals=tuple(self._arrivals[rid] for rid in batch.output.num_scheduled_tokens),
             )
             for batch in reversed(self._in_flight)
         )
@@ -750,7 +769,7 @@ class VllmAdapter:
         s = self.scheduler
         manager = s.kv_cache_manager
         tables = manager.coordinator.single_type_managers[0].req_to_blocks
-        blocks = {rid: len(tables.get(rid, ())) for rid in self.requests}
+        blocks = {rid: len(tables.get(r.request_id, ())) for rid, r in self.requests.items()}
         caching = self.config.enable_prefix_caching
         state = SchedulerState(
             config=self.config,

@@ -27,6 +27,9 @@ from __future__ import annotations
 RESTATEMENTS: dict[tuple[str, str], str] = {
     ("spec.kv.never_fits", "not fits_alone("): "the body's two checks, in token slots",
     ("spec.lifecycle.has_unfinished_requests", "__return__ == bool("): "the body",
+    ("spec.lifecycle.has_requests", "__return__ == (bool(live_request_ids"): "the body",
+    ("spec.profiles.num_tokens_with_placeholders", "__return__ == request.num_tokens"): "the body",
+    ("spec.profiles.stale_output_in_flight", "__return__ == (request.num_stale"): "the body",
     ("spec.oracle.ConstantOracle", "__return__ == self.token"): "the body",
     ("spec.policies.stored_order", "__return__ == waiting"): "the body",
     ("spec.policies.lifo_victim", "__return__ == len(candidates) - 1"): "the body",

@@ -341,6 +341,15 @@ PLANTED: tuple[PlantedBug, ...] = (
         target="spec.scheduler.profile_victim",
     ),
     PlantedBug(
+        name="V-async-placeholder-kept",
+        where="async scheduling (vllm-v1)",
+        bug="vllm-v1/async-commit: applying a sampled token leaves its placeholder",
+        file="pipeline.py",
+        old="        num_output_placeholders=request.num_output_placeholders - (not stale),\n",
+        new="        num_output_placeholders=request.num_output_placeholders,\n",
+        target="spec.pipeline.complete_async_step",
+    ),
+    PlantedBug(
         name="V-long-prefill-cap-ignored-running",
         where="phase A (vllm-v1)",
         bug="vllm-v1/long-prefill-cap: a running request's chunk is cut by the budget only",

@@ -65,10 +65,11 @@ from spec.contracts import (
 from spec.kv import blocks_held, largest_prefill, max_cached_tokens
 from spec.policies import POLICIES, Policy
 from spec.prefix_cache import block_key, request_tokens
-from spec.profiles import generation_blocks
+from spec.profiles import generation_blocks, num_tokens_with_placeholders
 from spec.scheduler import StepDraft, first_draft, sampling_request_ids, schedule
 from spec.types import (
     ConfigError,
+    InFlightBatch,
     PreemptionMode,
     PrefixCacheState,
     Request,
@@ -230,6 +231,14 @@ a concrete one of ``1..MAX_LONG_PREFILL_THRESHOLD``: small enough to cut the pro
 these states hold."""
 MAX_LONG_PREFILL_THRESHOLD = 3
 
+ASYNC_SHARE = 0.25
+"""The share of vllm-v1's paths with async scheduling on (vllm-v1/async-*; every path of
+``spec.pipeline``'s functions). The builders put no step in flight (a run's start, or a
+queue drained), so CrossHair follows async's scheduling and the advance of the step just
+scheduled, not the applying of outputs, which the runtime contracts
+(tests/spec/test_contracts_runtime.py), tests/spec/test_pipeline.py and the lockstep
+with vLLM's AsyncScheduler check."""
+
 DOMAINS: dict[str, tuple[Semantics, ...]] = {
     "spec.offload": (Semantics.TRANSFORMERS,),
     "spec.reserve": (Semantics.TOKENSPEED,),
@@ -237,6 +246,7 @@ DOMAINS: dict[str, tuple[Semantics, ...]] = {
     "spec.profiles.admits_first": (Semantics.NANO_VLLM, Semantics.VLLM_V0),
     # vllm-v1's rule; under the others it is 0.
     "spec.profiles.long_prefill_cap": (Semantics.VLLM_V1,),
+    "spec.pipeline": (Semantics.VLLM_V1,),  # async scheduling is vllm-v1's alone
 }
 """The profiles a module's (or one function's) rules are defined for; every other function
 gets every profile. Without this a transformers-only walk would see a transformers state
@@ -367,6 +377,7 @@ def make_config(p: SymbolicFactory) -> SchedulerConfig:
             semantics=profile.semantics,
             long_prefill_token_threshold=threshold,
             long_prefill_token_threshold_adaptive=adaptive,
+            async_scheduling=_async_scheduling(p, profile),
         )
 
 
@@ -402,6 +413,19 @@ def _long_prefill(
     if not profile.chunked:
         assume(p, threshold <= budget)
     return threshold, choose(p, "_long_prefill_adaptive", 0.5)
+
+
+def _async_analysed() -> bool:
+    """Whether CrossHair analyses one of ``spec.pipeline``'s functions (async's rules)."""
+    return bool(ANALYSED) and ANALYSED[-1].startswith("spec.pipeline.")
+
+
+def _async_scheduling(p: SymbolicFactory, profile: Profile) -> bool:
+    """``async_scheduling``: on ``ASYNC_SHARE`` of vllm-v1's paths, on all of them for
+    ``spec.pipeline``'s functions, off elsewhere."""
+    if profile.semantics is not Semantics.VLLM_V1:
+        return False
+    return _async_analysed() or choose(p, "_async_scheduling", ASYNC_SHARE)
 
 
 def _queue_lengths(
@@ -468,6 +492,9 @@ def _make_request(
         computed = bounded_int(p, tag + "_num_computed_tokens", 1)
         with ResumedTracing():
             assume(p, computed < len(prompt) + len(outputs))
+            if queue == "running" and _async_analysed():
+                # One token left: a decode, which _decodes_in_flight puts in flight.
+                prefer(p, computed == len(prompt) + len(outputs) - 1)
     arrivals.append(arrival)
     with ResumedTracing():
         if has_outputs:  # last: a wish that the constraints above may rule out
@@ -808,12 +835,13 @@ def _assemble_state(
         semantics=profile.semantics,
         long_prefill_token_threshold=threshold,
         long_prefill_token_threshold_adaptive=adaptive,
+        async_scheduling=_async_scheduling(p, profile),
     )
     length = config.max_model_len
     if length is not None:  # R10: a live request stops before max_model_len tokens
         for request in live:
             fits(p, request.num_tokens < length)
-    return SchedulerState(
+    state = SchedulerState(
         config=config,
         num_free_gpu_blocks=free_gpu,
         num_free_cpu_blocks=free_cpu,
@@ -823,6 +851,44 @@ def _assemble_state(
         next_arrival=next_arrival,
         num_steps=num_steps,
     )
+    if config.async_scheduling and not config.enable_prefix_caching and num_steps >= 1:
+        return _decodes_in_flight(state)
+    return state
+
+
+def _decodes_in_flight(state: SchedulerState) -> SchedulerState:
+    """The async state whose step in flight is the decodes of ``state``'s running requests
+    that have one token left and room for it in their last block: each has that token
+    computed, a placeholder for it and one token in flight (vllm-v1/async-placeholders),
+    so that the steps CrossHair follows apply outputs too. (Caching off: a decode that
+    fills its block would key it.)"""
+    bs = state.config.block_size
+    chunks: list[ScheduledChunk] = []
+    running: list[RequestState] = []
+    for request in state.running:
+        computed = request.num_computed_tokens
+        if computed != request.num_tokens - 1 or computed % bs == 0:
+            running.append(request)
+            continue
+        rid = request.request_id
+        chunks.append(ScheduledChunk(request_id=rid, start=computed, num_tokens=1))
+        running.append(
+            replace(
+                request,
+                num_computed_tokens=computed + 1,
+                num_output_placeholders=1,
+                num_in_flight_tokens=1,
+            )
+        )
+    if not chunks:
+        return state
+    batch = InFlightBatch(
+        step=state.num_steps - 1,
+        scheduled=tuple(chunks),
+        sampling_ids=tuple(c.request_id for c in chunks),
+        arrivals=tuple(r.request.arrival for r in running if r.num_in_flight_tokens),
+    )
+    return replace(state, running=tuple(running), in_flight=(batch,))
 
 
 def make_plan(p: SymbolicFactory) -> StepPlan:
@@ -849,10 +915,11 @@ def make_plan(p: SymbolicFactory) -> StepPlan:
         samples = choose(p, f"_plan_{rid}_samples", 0.5)
         n = bounded_int(p, f"_plan_{rid}_num_tokens", 1)
         with ResumedTracing():
+            end = num_tokens_with_placeholders(request)  # async: on top of the placeholders
             if samples:
-                assume(p, n == request.num_tokens - computed)
+                assume(p, n == end - computed)
             else:  # none when it is one token from its end (a decode)
-                require(p, n < request.num_tokens - computed)
+                require(p, n < end - computed)
             chunks.append(ScheduledChunk(request_id=rid, start=computed, num_tokens=n))
     with ResumedTracing():
         plan = StepPlan.of(step=state.num_steps, scheduled=chunks)
@@ -881,7 +948,7 @@ def make_tokens(p: SymbolicFactory, key_type: type, value_type: type) -> Mapping
         if plan is None:
             state, plan = schedule(state)
         ids = sampling_request_ids(state, plan)
-    by_id = {r.request_id: r for r in state.running}
+    by_id = {r.request_id: r for r in (*state.running, *state.waiting)}
     tokens: dict[str, int] = {}
     for rid in ids:
         request = by_id[rid]

@@ -422,7 +422,7 @@ class LockstepMachine(RuleBasedStateMachine):
         if self.caps.unknown_ids or spec.is_live(self.lock.state, request_id):
             self.abort_id(request_id)
 
-    @needs(also=lambda machine: spec.has_unfinished_requests(machine.lock.state))
+    @needs(also=lambda machine: bool(spec.live_request_ids(machine.lock.state)))
     @rule(
         queue=st.sampled_from(("waiting", "running", "prefilling", "swapped")),
         pick=st.integers(0, 2**16),
