@@ -103,6 +103,13 @@ SCENARIOS: dict[str, Scenario] = {
         requests=((0, "r0", (1, 2, 3), params(5)), (0, "r1", (5, 6), params(3))),
         aborts={2: ("r0",)},
     ),
+    # r0 is aborted with its decode in flight and its id used again at once: the output
+    # in flight is dropped, not given to the new r0 (vLLM's internal ids).
+    "async-id-reused-in-flight": Scenario(
+        config=asynchronous(vllm_config(num_gpu_blocks=8)),
+        requests=((0, "r0", (1, 2, 3), params(5)), (2, "r0", (7, 6), params(2))),
+        aborts={2: ("r0",)},
+    ),
     # ORACLE samples 5 after (4, 5): r1's first output is its EOS; r0's decode then needs
     # the block r1 holds.
     "async-victim-already-stopped": Scenario(
@@ -197,11 +204,11 @@ def trace(scenario: Scenario, *, max_steps: int = 100) -> Trace:
     while pending or adapter.has_unfinished_requests():
         if len(steps) >= max_steps:
             raise AssertionError(f"no drain within {max_steps} steps")
+        for rid in scenario.aborts.get(len(steps), ()):  # first: an id may come back
+            adapter.abort_request(rid)
         while pending and pending[0][0] <= len(steps):
             _, rid, prompt, request_params = pending.pop(0)
             adapter.add_request(rid, prompt, request_params)
-        for rid in scenario.aborts.get(len(steps), ()):
-            adapter.abort_request(rid)
         adapter.step(scenario.oracle)
         assert adapter.last_step is not None
         steps.append(adapter.last_step)
@@ -224,11 +231,11 @@ def lockstep(scenario: Scenario, *, max_steps: int = 100) -> int:
     while pending or lock.unfinished():
         if lock.steps >= max_steps:
             raise AssertionError(f"no drain within {max_steps} steps")
+        for rid in scenario.aborts.get(lock.steps, ()):
+            lock.abort(rid)
         while pending and pending[0][0] <= lock.steps:
             _, rid, prompt, request_params = pending.pop(0)
             lock.add(rid, prompt, request_params)
-        for rid in scenario.aborts.get(lock.steps, ()):
-            lock.abort(rid)
         lock.step()
     lock.finish()
     return lock.steps

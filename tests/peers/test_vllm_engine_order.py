@@ -129,6 +129,15 @@ def test_async_an_abort_discards_the_output_in_flight() -> None:
     assert all(rid != "r0" for rid, _ in steps[2].sampled)
 
 
+def test_async_an_id_used_again_does_not_get_the_old_output() -> None:
+    """r0 aborted before step 2 with its step-1 decode in flight, and added again: step 2
+    applies step 1, whose output for the old r0 is dropped; the new r0 gets only its own
+    tokens (2 outputs, from its own prompt)."""
+    result = run("async-id-reused-in-flight")
+    assert result.steps[2].discarded == ("r0",) and result.steps[2].sampled == ()
+    assert len(result.outputs["r0"]) == 2
+
+
 def test_async_drains_the_batch_queue() -> None:
     """The last steps schedule nothing and apply what is still in flight, until the
     queue of two is empty (EngineCore keeps stepping while it is not)."""

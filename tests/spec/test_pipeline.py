@@ -245,3 +245,19 @@ def test_async_outputs_equal_the_synchronous_ones(seed: int) -> None:
     config, requests = _workload(random.Random(seed))
     synchronous = _outcomes(config, requests)
     assert _outcomes(replace(config, async_scheduling=True), requests) == synchronous
+
+
+def test_an_id_used_again_does_not_get_the_old_requests_output() -> None:
+    """The batch in flight names its requests by id and arrival: r0 aborted with its
+    decode in flight and added again at once; the decode's output is dropped, and the
+    new r0 (another arrival) is untouched by it."""
+    state = with_requests(vllm(), ("r0", (1, 2, 3), params(5)))
+    state, _ = checked(state)
+    state, _ = checked(state)  # r0's decode is in flight
+    assert [c.request_id for c in state.in_flight[0].scheduled] == ["r0"]
+    state, _ = abort_request(state, "r0")
+    state = add_request(state, "r0", (7, 6), params(2))
+    state, plan = checked(state)
+    assert plan.sampled == ()
+    (r0,) = state.running
+    assert r0.request.arrival == 1 and r0.output_token_ids == ()
