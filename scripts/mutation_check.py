@@ -634,10 +634,9 @@ MUTANTS: tuple[Mutant, ...] = (
         "a request that stops on EOS reports its outputs without the EOS token, in spec and engine",
         (
             SPEC_SCHED,
-            "                    output_token_ids=outputs,\n"
-            "                    finish_reason=reason,\n",
-            "                    output_token_ids=outputs[:-1] if reason is FinishReason.STOP "
-            "else outputs,\n                    finish_reason=reason,\n",
+            "        output_token_ids=outputs,\n        finish_reason=reason,\n",
+            "        output_token_ids=outputs[:-1] if reason is FinishReason.STOP "
+            "else outputs,\n        finish_reason=reason,\n",
         ),
         (
             PHASES,

@@ -224,7 +224,9 @@ def state_violations(state: SchedulerState) -> tuple[str, ...]:
       ids unique; at most ``max_num_seqs`` running (R7, R8 never exceed it);
     - R2: on both pools ``free + owned == total`` with ``free >= 0`` (so used <=
       capacity); a waiting request has ``computed == 0``, a running or swapped one
-      ``1 <= computed < num_tokens``;
+      ``1 <= computed < num_tokens + placeholders`` (placeholders: async scheduling
+      only, vllm-v1/async-placeholders); under async scheduling each request's tokens
+      in flight, stale tokens and placeholders agree with the steps in flight;
     - R4: every live request has a prompt, ``max_tokens >= 1`` and could fit alone;
       arrivals are unique and below ``next_arrival``;
     - R6: only swap mode swaps (``swapped`` is empty in the other modes), and restart

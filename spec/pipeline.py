@@ -55,7 +55,7 @@ from spec.lifecycle import has_requests
 from spec.prefix_cache import give_keys, holders, release_blocks, request_tokens
 from spec.profiles import gpu_blocks_owned, length_capped
 from spec.scheduler import (
-    finish_reason,
+    _sampled_into,
     plan_matches,  # noqa: F401  (used by the PEP 316 contracts)
 )
 from spec.types import (
@@ -207,27 +207,13 @@ def _delivered(
 ) -> tuple[RequestState, FinishedRequest | None]:
     """vllm-v1/async-commit (a stale delivery: vllm-v1/async-stale-output): ``token``
     appended, a placeholder taken off unless stale; the report if R10 stops it."""
-    outputs = (*request.output_token_ids, token)
+    outputs, done = _sampled_into(state.config, request, token)
     after = replace(
         request,
         output_token_ids=outputs,
         num_output_placeholders=request.num_output_placeholders - (not stale),
     )
-    reason = finish_reason(
-        state.config,
-        request.request.params,
-        token,
-        len(request.request.prompt_token_ids) + len(outputs),
-        len(outputs),
-    )
-    if reason is None:
-        return after, None
-    return after, FinishedRequest(
-        request_id=request.request_id,
-        output_token_ids=outputs,
-        finish_reason=reason,
-        num_preemptions=request.num_preemptions,
-    )
+    return after, done
 
 
 def _keyed(

@@ -1049,6 +1049,33 @@ def finish_reason(
     return None
 
 
+def _sampled_into(
+    config: SchedulerConfig, request: RequestState, token: int
+) -> tuple[tuple[int, ...], FinishedRequest | None]:
+    """R10 for a request that samples ``token``: its outputs with the token appended, and
+    its report if ``finish_reason`` stops it (``complete_step``; applying a step under
+    async scheduling, ``spec.pipeline``). No contract of its own: CrossHair would assume
+    it in place of the body while it analyses those callers, and ``complete_step``'s
+    contract is what checks it.
+    """
+    outputs = (*request.output_token_ids, token)
+    reason = finish_reason(
+        config,
+        request.request.params,
+        token,
+        len(request.request.prompt_token_ids) + len(outputs),
+        len(outputs),
+    )
+    if reason is None:
+        return outputs, None
+    return outputs, FinishedRequest(
+        request_id=request.request_id,
+        output_token_ids=outputs,
+        finish_reason=reason,
+        num_preemptions=request.num_preemptions,
+    )
+
+
 def _running_by_id(state: SchedulerState) -> dict[str, RequestState]:
     return {request.request_id: request for request in state.running}
 
@@ -1183,17 +1210,10 @@ def complete_step(
         token = tokens.get(request_id)
         if token is None:
             raise _tokens_mismatch(state_mid, plan, tokens)
-        outputs = (*request.output_token_ids, token)
+        outputs, done = _sampled_into(state_mid.config, request, token)
         sampled_ids.append(request_id)
         sampled_token_ids.append(token)
-        reason = finish_reason(
-            state_mid.config,
-            request.request.params,
-            token,
-            len(request.request.prompt_token_ids) + len(outputs),
-            len(outputs),
-        )
-        if reason is None:
+        if done is None:
             updated[request_id] = RequestState(
                 request=request.request,
                 output_token_ids=outputs,
@@ -1205,14 +1225,7 @@ def complete_step(
         else:
             updated[request_id] = None
             freed += gpu_blocks_owned(state_mid.config, request, computed)
-            finished.append(
-                FinishedRequest(
-                    request_id=request_id,
-                    output_token_ids=outputs,
-                    finish_reason=reason,
-                    num_preemptions=request.num_preemptions,
-                )
-            )
+            finished.append(done)
     if len(sampled_ids) != len(tokens):
         raise _tokens_mismatch(state_mid, plan, tokens)
     running = tuple(

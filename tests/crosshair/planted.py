@@ -220,8 +220,8 @@ PLANTED: tuple[PlantedBug, ...] = (
         where="finish",
         bug="the length check counts the outputs before the new token (finishes one late)",
         file="scheduler.py",
-        old="            len(outputs),\n        )\n",
-        new="            len(request.output_token_ids),\n        )\n",
+        old="        len(outputs),\n    )\n",
+        new="        len(request.output_token_ids),\n    )\n",
         target="spec.scheduler.complete_step",
     ),
     PlantedBug(
@@ -244,13 +244,10 @@ PLANTED: tuple[PlantedBug, ...] = (
         where="finish",
         bug="a request that stops on EOS is reported without the EOS token",
         file="scheduler.py",
-        old=(
-            "                    output_token_ids=outputs,\n"
-            "                    finish_reason=reason,\n"
-        ),
+        old="        output_token_ids=outputs,\n        finish_reason=reason,\n",
         new=(
-            "                    output_token_ids=outputs if reason is FinishReason.LENGTH "
-            "else request.output_token_ids,\n                    finish_reason=reason,\n"
+            "        output_token_ids=outputs if reason is FinishReason.LENGTH "
+            "else request.output_token_ids,\n        finish_reason=reason,\n"
         ),
         target="spec.scheduler.complete_step",
     ),
