@@ -124,6 +124,7 @@ def live_sampling_ids(batch: InFlightBatch, state: SchedulerState) -> tuple[str,
     """The requests of ``batch`` that sampled and are still live in ``state`` (the same
     request: id and arrival), in its order; vllm-v1/async-discard drops the others.
 
+    pre: len(batch.arrivals) == len(batch.scheduled)
     post: len(__return__) == len(set(__return__))
     """
     live = {(r.request_id, r.request.arrival) for r in (*state.running, *state.waiting)}
