@@ -162,24 +162,19 @@ def _in_flight_violations(state: SchedulerState, queue: str, request: RequestSta
     in-flight ones; a running one has a placeholder per sampling chunk in flight."""
     rid = request.request_id
     mine = (rid, request.request.arrival)
-    chunks = [
-        c
-        for batch in state.in_flight
-        for c, arrival in zip(batch.scheduled, batch.arrivals, strict=True)
-        if (c.request_id, arrival) == mine
-    ]
-    sampling = sum(
-        any((c.request_id, a) == mine for c, a in zip(b.scheduled, b.arrivals, strict=True))
-        and rid in b.sampling_ids
-        for b in state.in_flight
-    )
+    scheduled = sampling = 0  # its tokens in the steps in flight, and its sampling steps
+    for batch in state.in_flight:
+        for chunk, arrival in zip(batch.scheduled, batch.arrivals, strict=True):
+            if (chunk.request_id, arrival) == mine:
+                scheduled += chunk.num_tokens
+                sampling += rid in batch.sampling_ids
     in_flight = request.num_in_flight_tokens
     stale = request.num_stale_output_tokens
     found: list[str] = []
-    if in_flight != sum(c.num_tokens for c in chunks):
+    if in_flight != scheduled:
         found.append(
             f"async-placeholders: {queue} request {rid!r} has {in_flight} tokens in flight, "
-            f"the steps in flight schedule {sum(c.num_tokens for c in chunks)}"
+            f"the steps in flight schedule {scheduled}"
         )
     if not 0 <= stale <= in_flight or (stale and queue != "waiting"):
         found.append(f"async-stale-output: {queue} request {rid!r} has {stale} stale tokens")
@@ -505,17 +500,18 @@ def _sampling_violations(before: SchedulerState, plan: StepPlan) -> list[str]:
     """R10: exactly the chunks that complete a request sample; finishing follows EOS/length."""
     found: list[str] = []
     old = _index(before)
-    expected = [
-        c.request_id
-        for c in plan.scheduled
-        if c.request_id in old and c.start + c.num_tokens == old[c.request_id][1].num_tokens
-    ]
     if before.config.async_scheduling:
         # vllm-v1/async-commit: the step applied now is an earlier one (or none).
         from spec.pipeline import applied_from, live_sampling_ids  # noqa: PLC0415
 
         applied = applied_from(before, plan)
         expected = [] if applied is None else list(live_sampling_ids(applied, before))
+    else:
+        expected = [
+            c.request_id
+            for c in plan.scheduled
+            if c.request_id in old and c.start + c.num_tokens == old[c.request_id][1].num_tokens
+        ]
     got = [s.request_id for s in plan.sampled]
     if got != expected:
         found.append(f"R10: sampled {got}, expected the completing chunks {expected}")

@@ -546,9 +546,9 @@ def schedule_running(draft: StepDraft) -> StepDraft:
                 i -= 1
             # Its chunk, if it has one, is undone (found by id: a request phase A walked
             # past, vllm-v1/async-max-tokens, has none).
-            scheduled = [c.request_id for c in chunks]
-            if victim.request_id in scheduled:
-                chunk = chunks.pop(scheduled.index(victim.request_id))
+            j = next((j for j, c in enumerate(chunks) if c.request_id == victim.request_id), -1)
+            if j >= 0:
+                chunk = chunks.pop(j)
                 undone.append(chunk.request_id)
                 budget += chunk.num_tokens
                 held += chunk.num_tokens
