@@ -34,7 +34,7 @@ PARTS = [
     ("  scheduler: commit (phase D)", "impl/scheduler.py", "commit"),
     ("  StepPlan", "impl/plan.py", "make_plan"),
     ("  metrics", "impl/engine.py", "_record"),
-    ("  model runner: build batch (spans)", "impl/model_runner.py", "build_batch"),
+    ("  model runner: prepare (spans)", "impl/model_runner.py", "prepare"),
     ("  model forward (total)", "model/llama.py", "forward"),
     ("    forward plan (index tensors)", "model/plan.py", "build_plan"),
     ("    attention layer (total)", "model/attention.py", "forward"),

@@ -14,6 +14,7 @@ import traceback
 from collections.abc import Callable, Sequence
 
 from bench import (
+    async_overlap,
     kv_utilization,
     preemption_cost,
     prefix_caching,
@@ -38,6 +39,7 @@ SCRIPTS: list[tuple[str, Main, list[str], list[str]]] = [
     ("profile_step", profile_step.main, [], []),
     ("queue_scaling", queue_scaling.main, [], ["--repeats", "2"]),
     ("startup", startup.main, [], []),
+    ("async_overlap", async_overlap.main, [], []),
 ]
 
 

@@ -29,7 +29,9 @@ from __future__ import annotations
 
 import os
 import time
+from collections import deque
 from collections.abc import Sequence as SequenceABC
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import torch
@@ -40,6 +42,7 @@ from impl.model_runner import ModelRunner
 from impl.plan import make_plan
 from impl.scheduler import Scheduler
 from impl.scheduler_output import SchedulerOutput
+from impl.worker import ForwardWorker
 from model import LlamaForCausalLM, build_tiny_model, resolve_device, resolve_dtype
 from spec.types import (
     ConfigError,
@@ -125,7 +128,9 @@ def drain_step_limit(state: SchedulerState) -> int:
     spec's drain bound, docs/semantics.md, "Why every accepted request finishes", never
     charges a request more); for ``n`` live requests, ``(n + 1)`` times the sum, plus
     ``n``, as if each could lose all its progress once to each other one (so it holds
-    under every policy, not only those the LIFO proof covers).
+    under every policy, not only those the LIFO proof covers). Under async scheduling
+    twice that plus two: each step's outputs arrive a step late, and the last step in
+    flight takes one more to apply (not derived: a generous allowance).
     """
     live = (*state.waiting, *state.running, *state.swapped)
     budget = state.config.max_num_batched_tokens
@@ -134,7 +139,8 @@ def drain_step_limit(state: SchedulerState) -> int:
         + r.request.params.max_tokens
         for r in live
     )
-    return (len(live) + 1) * per_request + len(live)
+    bound = (len(live) + 1) * per_request + len(live)
+    return 2 * bound + 2 if state.config.async_scheduling else bound
 
 
 def _zero_by_mode() -> dict[PreemptionMode, int]:
@@ -248,6 +254,15 @@ class LLMEngine:
         )
         self.model_runner = ModelRunner(model, self.cache_engine)
         self.metrics = EngineMetrics()
+        # Async scheduling: the forwards of the steps in flight (one per
+        # ``scheduler.in_flight`` step), run by the worker thread.
+        self.worker: ForwardWorker | None = None
+        self.forwards: deque[Future[list[int]]] = deque()
+        #: the forward whose failure the last ``step()`` raised: run again by the next
+        self.failed_forward: Future[list[int]] | None = None
+        if config.async_scheduling:
+            # Looked up per forward: tests replace ``model_runner.execute`` (faults).
+            self.worker = ForwardWorker(lambda out: self.model_runner.execute(out))  # noqa: PLW0108
 
     # --- requests ---------------------------------------------------------------------
 
@@ -275,6 +290,8 @@ class LLMEngine:
 
     def step(self) -> StepPlan:
         """One scheduling step and one forward; all or nothing (see the module doc)."""
+        if self.worker is not None:
+            return self._async_step(self.worker)
         started = time.perf_counter()
         scheduler = self.scheduler
         out = scheduler.schedule()
@@ -283,8 +300,66 @@ class LLMEngine:
         tokens = self._execute(out)
         finished = scheduler.commit(out, tokens)
         plan = make_plan(out, finished)
-        self._record(out, tokens_in_cache, gpu_blocks_used, time.perf_counter() - started)
+        self._record(out, tokens_in_cache, gpu_blocks_used, time.perf_counter() - started, plan)
         return plan
+
+    def _async_step(self, worker: ForwardWorker) -> StepPlan:
+        """An async step (vllm-v1/async-*, impl/pipeline.py): schedule step N and submit
+        its forward, then (if the batch queue says so) wait for the oldest step's forward
+        and apply its tokens; step N's forward runs meanwhile, and on while the caller
+        schedules N+1. All or nothing: if the awaited forward failed, step N's schedule
+        is undone (its forward never runs) and the failed step stays in flight, its
+        forward run again by the next call (the same tokens: sampling is a function of
+        seed, output index and logits)."""
+        started = time.perf_counter()
+        scheduler = self.scheduler
+        forwards = self.forwards
+        if forwards and forwards[0] is self.failed_forward:
+            # The step in flight failed in the last call: its forward again (its inputs
+            # and pending tokens are kept on its output).
+            forwards[0] = worker.submit(scheduler.in_flight[0].out, None)
+            self.failed_forward = None
+        out = scheduler.schedule()
+        gpu_blocks_used = scheduler.gpu.num_used_blocks
+        tokens_in_cache = self._tokens_in_cache(out, gpu_blocks_used)
+        forward: Future[list[int]] | None = None
+        if out.queued:
+            assert not out.swap_out and not out.swap_in, "vllm-v1 preempts by recompute only"
+            out.forward_input = self.model_runner.prepare(out)
+            after = (scheduler.in_flight[-1], forwards[-1]) if forwards else None
+            forward = worker.submit(out, after)
+            forwards.append(forward)
+        # The step applied: the oldest in flight, or (nothing in flight) this one.
+        own_tokens: list[int] | None = None
+        if scheduler.applies_oldest(out):
+            applied = scheduler.in_flight[0].out if scheduler.in_flight else out
+            try:
+                tokens = forwards[0].result()
+                if len(tokens) != applied.num_samples:
+                    raise SampledTokensError(
+                        f"step {applied.step}: the model runner returned {len(tokens)} "
+                        f"tokens for {applied.num_samples}"
+                    )
+            except BaseException:
+                if forward is not None:
+                    forwards.pop()
+                    forward.exception()  # failed, or skipped: the worker is past it
+                    scheduler.rollback(out)
+                self.failed_forward = forwards[0] if forwards else None
+                raise
+            forwards.popleft()
+            if scheduler.in_flight:
+                scheduler.in_flight[0].tokens = tokens
+            else:
+                own_tokens = tokens
+        plan = scheduler.complete_async_step(out, own_tokens)
+        self._record(out, tokens_in_cache, gpu_blocks_used, time.perf_counter() - started, plan)
+        return plan
+
+    def synchronize(self) -> None:
+        """Wait until the forwards in flight have run (their tokens are not applied)."""
+        for forward in self.forwards:
+            forward.exception()
 
     def _tokens_in_cache(self, out: SchedulerOutput, gpu_blocks_used: int) -> int:
         """Token slots holding K/V once this step's forward has run (``kv_utilization``).
@@ -346,7 +421,12 @@ class LLMEngine:
         return list(dict.fromkeys((*reused, *reclaimed)))
 
     def _record(
-        self, out: SchedulerOutput, tokens_in_cache: int, gpu_blocks_used: int, seconds: float
+        self,
+        out: SchedulerOutput,
+        tokens_in_cache: int,
+        gpu_blocks_used: int,
+        seconds: float,
+        plan: StepPlan,
     ) -> None:
         metrics = self.metrics
         metrics.steps += 1
@@ -356,7 +436,7 @@ class LLMEngine:
         metrics.swap_in_blocks += len(out.swap_in)
         metrics.recomputed_tokens += out.num_recomputed_tokens
         metrics.scheduled_tokens += out.num_batched_tokens
-        metrics.generated_tokens += out.num_samples
+        metrics.generated_tokens += len(plan.sampled_ids)  # async: the applied step's
         metrics.prefix_cache_queries += out.num_queried_tokens
         metrics.prefix_cache_hits += out.num_hit_tokens
         metrics.reclaimed_cached_blocks += self.scheduler.gpu.num_reclaimed

@@ -45,7 +45,8 @@ def check_invariants(sched: Scheduler) -> None:
                 assert seq.num_computed == 0, seq
                 assert not seq.block_table and not seq.cpu_block_table, seq
             else:
-                assert 1 <= seq.num_computed < seq.num_tokens, seq
+                # vllm-v1/async-placeholders: computed runs past the known tokens.
+                assert 1 <= seq.num_computed < seq.num_tokens + seq.num_output_placeholders, seq
                 owned = cdiv(seq.num_computed, bs)
                 if status is _RUNNING and sched.reserves_generation:
                     owned = reserve_blocks(seq, bs)  # tokenspeed/reserve-generation

@@ -55,10 +55,18 @@ def schedule_running(sched: Scheduler, out: SchedulerOutput, budget: int) -> int
     capped = 0
     i = 0
     nrun = len(running)
+    walks_past = sched.async_scheduling
+    chunk_seqs = out.scheduled
+    add_seq = chunk_seqs.append
     while i < nrun and budget > 0:
         seq = running[i]
+        if walks_past and reaches_the_end(sched, seq):  # vllm-v1/async-max-tokens
+            i += 1
+            continue
         computed = seq.num_computed
-        n = remaining = seq.num_tokens - computed
+        # vllm-v1/async-placeholders: a decode is scheduled on its placeholder (0 without
+        # async scheduling).
+        n = remaining = seq.num_tokens + seq.num_output_placeholders - computed
         if 0 < cap < n:
             n = cap
         n = min(n, budget)
@@ -75,13 +83,13 @@ def schedule_running(sched: Scheduler, out: SchedulerOutput, budget: int) -> int
                 wanted = need + (touches_last and computed % bs != 0)
                 if wanted > free:
                     if sched.victim_any_running:
-                        preempted_itself, tokens, count, not_sampled = make_room_any_running(
+                        preempted_itself, tokens, behind, not_sampled = make_room_any_running(
                             sched, out, i, need
                         )
                         # Undone chunks leave the plan even when the request then
                         # preempts itself (their samples must not be counted).
                         budget += tokens
-                        i -= count
+                        i -= behind
                         capped -= not_sampled
                     else:
                         preempted_itself = make_room(sched, out, i, wanted)
@@ -93,12 +101,33 @@ def schedule_running(sched: Scheduler, out: SchedulerOutput, budget: int) -> int
                     free = gpu.num_free_blocks
                 gpu.grow(table, len(table) + need)
                 free -= need
-            gpu.cache_blocks(seq, computed, end)  # PC2: blocks this chunk fills get keys
+            # PC2: blocks this chunk fills get keys, up to its known tokens. Under async
+            # scheduling (vllm-v1/async-placeholders) the keys reach only the known
+            # tokens before the placeholders, here and when a step is applied.
+            known = seq.num_tokens
+            gpu.cache_blocks(
+                seq, computed - seq.num_output_placeholders, end if end <= known else known
+            )
         record(n)
+        add_seq(seq)
         budget -= n
         i += 1
-    out.num_samples = i - capped
+    out.num_samples = len(num_scheduled) - capped
     return budget
+
+
+def reaches_the_end(sched: Scheduler, seq: Sequence) -> bool:
+    """vllm-v1/async-max-tokens: phase A walks past a running request whose step in
+    flight already ends it by length: placeholders ``p > 0`` and ``computed + 2 - p >=
+    prompt + max_tokens``, or ``computed + 1 >= max_model_len``."""
+    placeholders = seq.num_output_placeholders
+    if placeholders <= 0:
+        return False
+    computed = seq.num_computed
+    if computed + 2 - placeholders >= seq.num_prompt_tokens + seq.request.params.max_tokens:
+        return True
+    length = sched.max_model_len
+    return length is not None and computed + 1 >= length
 
 
 def make_room(sched: Scheduler, out: SchedulerOutput, index: int, need: int) -> bool:
@@ -130,35 +159,49 @@ def make_room_any_running(
 ) -> tuple[bool, int, int, int]:
     """vllm-v1/priority-victim-any-running: ``make_room`` with victims among all of ``running``.
 
-    A victim already scheduled in this step (below ``index``) loses its chunk: the
-    chunk leaves ``num_scheduled``, its tokens return to the caller's budget and the
-    keys it gave its blocks go (vllm-v1/undone-chunk-unkeyed).
-    Returns whether the victim was at last ``running[index]`` itself, and the undone
-    chunks' ``(tokens, count, how many of them did not sample)``.
+    A victim already walked over in this step (below ``index``) loses its chunk, if it
+    has one (phase A walks past some requests, vllm-v1/async-max-tokens): the chunk
+    leaves the step, its tokens return to the caller's budget and the keys it gave its
+    blocks go (vllm-v1/undone-chunk-unkeyed).
+    Returns whether the victim was at last ``running[index]`` itself, the undone
+    chunks' tokens, how many victims were below ``index``, and how many undone chunks
+    did not sample.
     """
     gpu = sched.gpu
     running = sched.running
     num_scheduled = out.num_scheduled
-    tokens = count = capped = 0
+    chunk_seqs = out.scheduled
+    tokens = behind = capped = 0
     while need > gpu.num_free_blocks:
         victim_index = sched.policy.select_victim(running, 0)
         if victim_index == index:
             preempt(sched, out, index)
-            return True, tokens, count, capped
+            return True, tokens, behind, capped
         if victim_index > index:
             preempt(sched, out, victim_index)
             continue
-        n = num_scheduled.pop(victim_index)
         victim = running[victim_index]
+        behind += 1
+        index -= 1
+        # Its chunk sits at or before its place in running (only walked-past requests
+        # between have none): a backward search from there.
+        chunk = min(victim_index, len(chunk_seqs) - 1)
+        while chunk >= 0 and chunk_seqs[chunk] is not victim:
+            chunk -= 1
+        if chunk < 0:
+            preempt(sched, out, victim_index)
+            continue
+        n = num_scheduled.pop(chunk)
+        del chunk_seqs[chunk]
         tokens += n
-        count += 1
-        capped += victim.num_computed + n < victim.num_tokens
+        capped += victim.num_computed + n < victim.num_tokens + victim.num_output_placeholders
         # vllm-v1/undone-chunk-unkeyed (V11)
         gpu.uncache_blocks(victim.block_table, victim.num_computed, victim.num_computed + n)
         preempt(sched, out, victim_index)
-        out.preempted[-1].undone_chunk = n
-        index -= 1
-    return False, tokens, count, capped
+        record = out.preempted[-1]
+        record.undone_chunk = n
+        record.undone_chunk_index = chunk
+    return False, tokens, behind, capped
 
 
 def preempt(sched: Scheduler, out: SchedulerOutput, index: int) -> None:
@@ -184,6 +227,9 @@ def preempt(sched: Scheduler, out: SchedulerOutput, index: int) -> None:
         return
     seq.recomputed_until = max(seq.recomputed_until, seq.num_computed)
     seq.num_computed = 0
+    if seq.num_in_flight_tokens:  # vllm-v1/async-stale-output: what is in flight is stale
+        seq.num_output_placeholders = 0
+        seq.num_stale_output_tokens = seq.num_in_flight_tokens
     if mode is PreemptionMode.RESTART:
         record.dropped_outputs = seq.token_ids[seq.num_prompt_tokens :]
         del seq.token_ids[seq.num_prompt_tokens :]
@@ -218,6 +264,7 @@ def decode_unbudgeted(sched: Scheduler, out: SchedulerOutput) -> None:
             gpu.grow(table, len(table) + need)
         gpu.cache_blocks(seq, computed, computed + n)  # PC2: a decode that fills its block
         num_scheduled.append(n)
+        out.scheduled.append(seq)
         i += 1
     out.num_samples = i  # every chunk completes its request
 
@@ -254,6 +301,7 @@ def swap_in(sched: Scheduler, out: SchedulerOutput, budget: int) -> int:
             sched.policy.on_run(seq)
         sched.num_cached_tokens += computed
         out.num_scheduled.append(n)
+        out.scheduled.append(seq)
         out.num_samples += n == remaining
         budget -= n
     return budget
@@ -324,6 +372,7 @@ def admit(sched: Scheduler, out: SchedulerOutput, budget: int) -> int:
             policy.on_run(seq)
         out.num_admitted += 1
         out.num_scheduled.append(n)
+        out.scheduled.append(seq)
         out.num_samples += samples
         budget -= n
     return budget

@@ -12,12 +12,38 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from impl.scheduler_output import SchedulerOutput
+from impl.sequence import Sequence as Seq
 from spec.types import FinishedRequest, Preemption, StepPlan
 
 
 def make_plan(out: SchedulerOutput, finished: Sequence[FinishedRequest]) -> StepPlan:
     """The step's ``StepPlan``, after ``commit(out, ...)`` returned ``finished``."""
     scheduled_ids = tuple([seq.request_id for seq in out.scheduled])
+    sampled_ids = scheduled_ids if out.every_chunk_samples() else tuple(out.sampled_ids)
+    return _plan(out, scheduled_ids, sampled_ids, out.sampled_token_ids, finished)
+
+
+def make_async_plan(
+    out: SchedulerOutput,
+    sampled: Sequence[Seq],
+    sampled_token_ids: Sequence[int],
+    finished: Sequence[FinishedRequest],
+) -> StepPlan:
+    """An async step's ``StepPlan`` (impl/pipeline.py): the decisions of ``out`` (advanced,
+    so its starts are recorded) with the tokens and finished requests of the step it
+    applied."""
+    scheduled_ids = tuple([seq.request_id for seq in out.scheduled])
+    sampled_ids = tuple([seq.request_id for seq in sampled])
+    return _plan(out, scheduled_ids, sampled_ids, tuple(sampled_token_ids), finished)
+
+
+def _plan(
+    out: SchedulerOutput,
+    scheduled_ids: tuple[str, ...],
+    sampled_ids: tuple[str, ...],
+    sampled_token_ids: tuple[int, ...],
+    finished: Sequence[FinishedRequest],
+) -> StepPlan:
     # Victims and swap-ins are rare: most steps skip building their (empty) columns.
     preempted = out.preempted
     swapped_in = out.swapped_in
@@ -30,7 +56,7 @@ def make_plan(out: SchedulerOutput, finished: Sequence[FinishedRequest]) -> Step
         if preempted
         else (),
         swapped_in=tuple([seq.request_id for seq, _ in swapped_in]) if swapped_in else (),
-        sampled_ids=scheduled_ids if out.every_chunk_samples() else tuple(out.sampled_ids),
-        sampled_token_ids=out.sampled_token_ids,
+        sampled_ids=sampled_ids,
+        sampled_token_ids=sampled_token_ids,
         finished=tuple(finished),
     )

@@ -58,16 +58,19 @@ def rollback(sched: Scheduler, out: SchedulerOutput) -> None:
     # with its grown block table and its chunk counted again, so that the chunks are
     # shrunk in the reverse order they were grown.
     preempted = out.preempted
+    chunk_seqs = out.scheduled
+    del chunk_seqs[num_running_chunks:]
     k = num_running_chunks
     while True:
         while preempted and preempted[-1].num_scheduled_before == k:
             record = preempted.pop()
             unpreempt(sched, record)
             if record.undone_chunk:
+                chunk_seqs.insert(record.undone_chunk_index, record.seq)
                 k += 1
         if k == 0:
             break
-        seq = running[k - 1]
+        seq = chunk_seqs[k - 1]
         gpu.shrink(seq.block_table, cdiv(seq.num_computed, bs))
         k -= 1
     assert not preempted, "rollback out of order"
@@ -97,6 +100,8 @@ def unpreempt(sched: Scheduler, record: PreemptionRecord) -> None:
     seq.block_table = record.gpu_blocks
     seq.num_computed = record.num_computed
     seq.recomputed_until = record.recomputed_until
+    seq.num_output_placeholders = record.num_output_placeholders
+    seq.num_stale_output_tokens = record.num_stale_output_tokens
     seq.num_preemptions -= 1
     seq.status = _RUNNING
     sched.running.insert(record.running_index, seq)

@@ -38,10 +38,11 @@ from collections.abc import Callable
 from collections.abc import Sequence as SequenceABC
 from dataclasses import replace
 
-from impl import offload_step, phases, reserve_step
+from impl import offload_step, phases, pipeline, reserve_step
 from impl.block_manager import BlockManager, BlockPool, cdiv
 from impl.invariants import check_invariants
-from impl.plan import make_plan
+from impl.pipeline import InFlightStep
+from impl.plan import make_async_plan, make_plan
 from impl.policies import Policy, make_policy
 from impl.prefix_cache import PrefixCachingBlockManager
 from impl.queues import WaitingQueue
@@ -50,7 +51,6 @@ from impl.scheduler_output import SchedulerOutput
 from impl.sequence import Sequence, SequenceStatus
 from impl.snapshot import Snapshot
 from spec.types import (
-    ConfigError,
     DuplicateRequestError,
     EmptyPromptError,
     FinishedRequest,
@@ -92,15 +92,6 @@ class Scheduler:
         vocab_size: int | None = None,
         enable_preemption: bool = True,
     ) -> None:
-        if config.async_scheduling:
-            # Issue 19, item 2: the engine's own async step (a forward in flight while
-            # the next step is scheduled) is not built; the spec and vLLM's
-            # AsyncScheduler are held to vllm-v1/async-* without it.
-            raise ConfigError(
-                "async_scheduling: the kvsched engine runs synchronous steps only "
-                "(async scheduling is checked against vLLM's AsyncScheduler: conform "
-                "--engine vllm)"
-            )
         self.config = config
         semantics = config.semantics
         # The profile rules (docs/semantics.md, "Semantics profiles"), as switches read
@@ -126,6 +117,12 @@ class Scheduler:
         #: vllm-v1/long-prefill-cap: the most tokens a chunk takes in the step being
         #: scheduled (0: none), set by ``schedule`` from the state the step starts from
         self.chunk_cap = 0
+        #: vllm-v1/async-*: steps in flight (impl/pipeline.py), oldest first, and whether
+        #: a request finished or was aborted since the last ``schedule`` (vLLM's
+        #: ``finished_req_ids``)
+        self.async_scheduling = config.async_scheduling
+        self.in_flight: deque[InFlightStep] = deque()
+        self.has_finished_requests = False
         #: vllm-v1/priority-victim-any-running
         self.victim_any_running = semantics is Semantics.VLLM_V1 and config.policy == "priority"
         #: nano-vllm/admission-tests-len-seq
@@ -308,12 +305,15 @@ class Scheduler:
             self.waiting.remove(seq)
         del self.requests[request_id]
         seq.status = _FINISHED
+        if self.async_scheduling:  # vllm-v1/async-batch-queue: finished_req_ids
+            self.has_finished_requests = True
         if self.reserves_generation:  # tokenspeed/finished-id-held, until the next plan
             self.ids_held = (*self.ids_held, request_id)
         return seq.to_finished(FinishReason.ABORTED)
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self.requests)
+        """A request is live, or (async scheduling) a step is still in flight."""
+        return bool(self.requests) or bool(self.in_flight)
 
     @property
     def num_unfinished_requests(self) -> int:
@@ -324,6 +324,9 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         """Phases A-C of one step (R5-R8); on any error the partial work is undone."""
         out = SchedulerOutput(self.num_steps, self.num_cached_tokens)
+        if self.async_scheduling and not pipeline.has_requests(self):
+            out.queued = False  # vllm-v1/async-batch-queue
+            return out
         if self.offloads_starved or self.reserves_generation:
             out.snapshot = Snapshot(self)
             try:
@@ -366,11 +369,10 @@ class Scheduler:
             raise
         n = len(out.num_scheduled)
         out.num_batched_tokens = sum(out.num_scheduled)
-        # The chunks are a contiguous run of ``running``: its head, or under
+        # Synchronous chunks are a contiguous run of ``running``: its head, or under
         # nano-vllm/prefill-first (vllm-v0's) the requests a prefill step admitted, at its
-        # tail.
+        # tail (async: phase A may walk past some, vllm-v1/async-max-tokens).
         out.first_scheduled = len(self.running) - n if admit_first and out.num_admitted else 0
-        out.scheduled = self.running[out.first_scheduled : out.first_scheduled + n]
         return out
 
     def _long_prefill_cap(self) -> int:
@@ -416,11 +418,28 @@ class Scheduler:
     def step(self, sample: Callable[[SchedulerOutput], SequenceABC[int]]) -> StepPlan:
         """Schedule, sample with ``sample(output)`` (no model), commit; the plan.
 
-        If ``sample`` raises, the step is rolled back and the error propagates.
+        If ``sample`` raises, the step is rolled back and the error propagates. Under
+        async scheduling ``sample`` runs at once (the step's tokens wait with it until it
+        is applied; ``output.pending`` holds the tokens of the step in flight).
         """
         out = self.schedule()
+        if not self.async_scheduling:
+            tokens = self._sampled(out, sample)
+            return make_plan(out, self.commit(out, tokens))
+        if not out.queued:
+            return self.complete_async_step(out, None)
+        if self.in_flight:
+            oldest = self.in_flight[-1]
+            assert oldest.tokens is not None
+            out.pending = oldest.pending(oldest.tokens)
+        return self.complete_async_step(out, self._sampled(out, sample))
+
+    def _sampled(
+        self, out: SchedulerOutput, sample: Callable[[SchedulerOutput], SequenceABC[int]]
+    ) -> list[int]:
+        """``sample(out)``, one token per sampling chunk; on any error ``out`` is undone."""
         try:
-            tokens = sample(out)
+            tokens = list(sample(out))
             if len(tokens) != out.num_samples:
                 raise SampledTokensError(
                     f"step {out.step}: {out.num_samples} requests sample, got {len(tokens)}"
@@ -428,8 +447,28 @@ class Scheduler:
         except BaseException:
             self.rollback(out)
             raise
-        finished = self.commit(out, tokens)
-        return make_plan(out, finished)
+        return tokens
+
+    def applies_oldest(self, out: SchedulerOutput) -> bool:
+        """Whether the async step of ``out`` (just scheduled) will apply the oldest step
+        in flight (vllm-v1/async-batch-queue): the caller needs its tokens by then."""
+        return pipeline.pops_oldest(self, out, len(self.in_flight) + out.queued)
+
+    def complete_async_step(self, out: SchedulerOutput, tokens: list[int] | None) -> StepPlan:
+        """The rest of an async step after ``schedule()`` (impl/pipeline.py): ``advance``
+        the step just scheduled (``tokens``: its forward's, if it has run; else the
+        caller sets them on ``in_flight[-1]`` before it is applied), then apply the
+        oldest step in flight if ``applies_oldest``. The plan: this step's decisions,
+        the applied step's tokens and finished requests."""
+        applies = self.applies_oldest(out)
+        if out.queued:
+            pipeline.advance(self, out).tokens = tokens
+            self.gpu.end()
+        self.num_steps += 1
+        if not applies:
+            return make_async_plan(out, [], [], [])
+        got, got_tokens, finished = pipeline.apply(self, self.in_flight[0])
+        return make_async_plan(out, got, got_tokens, finished)
 
     # --- the spec's view ----------------------------------------------------------------
 
@@ -454,6 +493,8 @@ class Scheduler:
             prefix_cache=pool,
             admission_frozen=self.admission_frozen,
             ids_held=self.ids_held,
+            in_flight=tuple(step.observe() for step in self.in_flight),
+            has_finished_requests=self.has_finished_requests,
         )
 
     def check_invariants(self) -> None:

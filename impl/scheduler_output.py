@@ -14,6 +14,7 @@ from impl.sequence import Sequence
 from spec.types import PreemptionMode
 
 if TYPE_CHECKING:
+    from impl.model_runner import ForwardInput
     from impl.snapshot import Snapshot
 
 
@@ -25,11 +26,14 @@ class PreemptionRecord:
         "gpu_blocks",
         "mode",
         "num_computed",
+        "num_output_placeholders",
         "num_scheduled_before",
+        "num_stale_output_tokens",
         "recomputed_until",
         "running_index",
         "seq",
         "undone_chunk",
+        "undone_chunk_index",
     )
 
     def __init__(
@@ -47,10 +51,13 @@ class PreemptionRecord:
         self.gpu_blocks = gpu_blocks  # the GPU blocks it held (freed by the preemption)
         self.num_computed = seq.num_computed
         self.recomputed_until = seq.recomputed_until
+        self.num_output_placeholders = seq.num_output_placeholders
+        self.num_stale_output_tokens = seq.num_stale_output_tokens
         self.dropped_outputs: list[int] = []
         #: vllm-v1/priority-victim-any-running: the victim's chunk of this step, undone
-        #: by the preemption (0: it had none)
+        #: by the preemption (0: it had none), and where it was among the step's chunks
         self.undone_chunk = 0
+        self.undone_chunk_index = 0
 
 
 class SchedulerOutput:
@@ -70,6 +77,7 @@ class SchedulerOutput:
 
     __slots__ = (
         "first_scheduled",
+        "forward_input",
         "num_admitted",
         "num_batched_tokens",
         "num_cached_tokens_before",
@@ -78,7 +86,9 @@ class SchedulerOutput:
         "num_recomputed_tokens",
         "num_samples",
         "num_scheduled",
+        "pending",
         "preempted",
+        "queued",
         "sampled_ids",
         "sampled_token_ids",
         "scheduled",
@@ -116,6 +126,16 @@ class SchedulerOutput:
         self.sampled_token_ids: tuple[int, ...] = ()
         #: the transformers and tokenspeed steps: the state before, which rollback restores
         self.snapshot: Snapshot | None = None
+        #: async scheduling: whether the step was scheduled at all (vllm-v1/async-batch-
+        #: queue: not while nothing is live and nothing finished since the last step)
+        self.queued = True
+        #: async scheduling: the token the step in flight brings to each of its
+        #: sampling requests, for the chunks scheduled on its placeholder (set by
+        #: whoever runs the forward, once that step's forward has run)
+        self.pending: dict[Sequence, int] = {}
+        #: the forward's inputs, prepared while the requests read as scheduled (the
+        #: engine's async step runs the forward after they moved on)
+        self.forward_input: ForwardInput | None = None
 
     def clear(self) -> None:
         """Forget the step's decisions (after its state was rolled back)."""
@@ -133,9 +153,19 @@ class SchedulerOutput:
         return self.num_samples == len(self.num_scheduled)
 
     def samples(self) -> list[Sequence]:
-        """The requests that sample in this step, in plan order (before ``commit``)."""
+        """The requests that sample in this step, in plan order (before ``commit``, or
+        under async scheduling before ``advance``): a chunk samples iff it reaches the
+        request's tokens plus placeholders."""
         return [
             seq
             for seq, n in zip(self.scheduled, self.num_scheduled, strict=True)
-            if seq.num_computed + n == seq.num_tokens
+            if seq.num_computed + n == seq.num_tokens + seq.num_output_placeholders
         ]
+
+    def chunk_token_ids(self, seq: Sequence, start: int, n: int) -> list[int]:
+        """The input tokens of ``seq``'s chunk at ``start .. start + n - 1``: its known
+        tokens, then (a chunk on a placeholder) the token the step in flight brings."""
+        tokens = seq.token_ids[start : start + n]
+        if len(tokens) < n:
+            tokens.append(self.pending[seq])
+        return tokens

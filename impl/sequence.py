@@ -45,8 +45,11 @@ class Sequence:
         "decoding",
         "eos_token_id",
         "num_computed",
+        "num_in_flight_tokens",
+        "num_output_placeholders",
         "num_preemptions",
         "num_prompt_tokens",
+        "num_stale_output_tokens",
         "num_tokens",
         "priority",
         "queue_key",
@@ -78,6 +81,13 @@ class Sequence:
         self.seed = params.seed
         self.num_computed = 0
         self.num_preemptions = 0
+        # Async scheduling (vllm-v1/async-*, impl/pipeline.py): tokens the steps in
+        # flight will sample (counted in ``num_computed`` already, not in ``token_ids``),
+        # the tokens of its chunks in flight, and of those the ones a preemption made
+        # stale. All 0 between synchronous steps.
+        self.num_output_placeholders = 0
+        self.num_in_flight_tokens = 0
+        self.num_stale_output_tokens = 0
         # Positions below this were computed once and then dropped by a preemption:
         # prefilling them again is recomputation (EngineMetrics.recomputed_tokens).
         self.recomputed_until = 0
@@ -104,6 +114,9 @@ class Sequence:
             num_computed_tokens=self.num_computed,
             num_preemptions=self.num_preemptions,
             decoding=self.decoding,
+            num_output_placeholders=self.num_output_placeholders,
+            num_in_flight_tokens=self.num_in_flight_tokens,
+            num_stale_output_tokens=self.num_stale_output_tokens,
         )
 
     def to_finished(self, reason: FinishReason) -> FinishedRequest:

@@ -46,7 +46,7 @@ from kvsched.workload import (
     generate_workload,
     read_workload,
 )
-from spec.types import ConfigError, KVSchedError, SchedulerConfig, Semantics
+from spec.types import ConfigError, KVSchedError, Semantics
 
 # What ``kvsched workload`` may write: enough for any benchmark here, small enough to
 # finish in seconds rather than fill the disk.
@@ -335,19 +335,9 @@ def cmd_run(args: argparse.Namespace, signals: Signals) -> int:
         check_output_path("--plot", args.plot, formats=PLOT_FORMATS)
     workload = read_workload(args.workload)
     config = engine_options.scheduler_config(args)
-    check_engine_runs(config)
     from kvsched import commands  # noqa: PLC0415  (torch: only once the inputs are checked)
 
     return commands.run(args, signals, workload, config)
-
-
-def check_engine_runs(config: SchedulerConfig) -> None:
-    """Refuse what the spec models but our engine does not run (issue 19, item 2)."""
-    if config.async_scheduling:
-        raise CLIInputError(
-            "--async-scheduling: the kvsched engine runs synchronous steps only (async "
-            "scheduling is checked against vLLM's AsyncScheduler: conform --engine vllm)"
-        )
 
 
 def check_semantics(engine: str, semantics: str | None) -> None:
@@ -377,8 +367,6 @@ def cmd_conform(args: argparse.Namespace, signals: Signals) -> int:
     config = engine_options.scheduler_config(
         args, PROFILES[args.engine], async_by_default=args.engine == "vllm"
     )
-    if args.engine == "kvsched":
-        check_engine_runs(config)
     from kvsched import commands  # noqa: PLC0415  (torch: only once the inputs are checked)
 
     return commands.conform(args, signals, workload, config)

@@ -149,6 +149,7 @@ OFFLOAD = "impl/offload_step.py"
 RESERVE = "impl/reserve_step.py"
 SPEC_PROFILES = "spec/profiles.py"
 SPEC_PIPELINE = "spec/pipeline.py"
+PIPELINE = "impl/pipeline.py"
 
 #: What a wrong plan or state shows up as in the differential comparison.
 DIVERGES = ("plan_matches_spec", "observe_matches_spec", "same_abort")
@@ -475,9 +476,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "the runner's plan feeds each chunk the tokens one position early",
         (
             RUNNER,
-            "                    token_ids=tuple(seq.token_ids[start : start + n]),\n",
-            "                    token_ids=tuple("
-            "seq.token_ids[max(start - 1, 0) : max(start - 1, 0) + n]),\n",
+            "            known = seq.token_ids[start : start + n]\n",
+            "            known = seq.token_ids[max(start - 1, 0) : max(start - 1, 0) + n]\n",
         ),
         expect=WRONG_TOKEN,
         machines=ENGINE_ONLY,
@@ -488,9 +488,9 @@ MUTANTS: tuple[Mutant, ...] = (
         "draws other tokens than alone",
         (
             RUNNER,
-            "output_indices=[seq.num_tokens - seq.num_prompt_tokens for seq in samplers],",
-            "output_indices=[max(0, seq.num_tokens - seq.num_prompt_tokens "
-            "- seq.num_preemptions) for seq in samplers],",
+            "seq.num_tokens + seq.num_output_placeholders - seq.num_prompt_tokens\n",
+            "max(0, seq.num_tokens + seq.num_output_placeholders - seq.num_prompt_tokens "
+            "- seq.num_preemptions)\n",
         ),
         expect=WRONG_TOKEN,
         machines=ENGINE_ONLY,
@@ -761,6 +761,55 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
         machines=("vllm",),
         expect=("plan_matches_spec",),
+    ),
+    mutant(
+        "vllm-v1-async-max-tokens-not-walked-past",
+        "vllm-v1/async-max-tokens: the engine's phase A schedules a request whose step in "
+        "flight already ends it (one decode too many)",
+        (
+            PHASES,
+            "        if walks_past and reaches_the_end(sched, seq):",
+            "        if False and walks_past and reaches_the_end(sched, seq):",
+        ),
+        machines=("scheduler",),
+        expect=DIVERGES,
+    ),
+    mutant(
+        "vllm-v1-async-stale-output-dropped",
+        "vllm-v1/async-stale-output: the engine drops a victim's stale output instead of "
+        "delivering it to the waiting request",
+        (
+            PIPELINE,
+            "        if not samples:\n            continue\n",
+            "        if not samples or stale:\n            continue\n",
+        ),
+        machines=("scheduler",),
+        expect=DIVERGES,
+    ),
+    mutant(
+        "vllm-v1-async-placeholder-keyed",
+        "vllm-v1/async-placeholders: the engine keys a chunk's blocks up to its end, a "
+        "placeholder's slot included, when it is scheduled",
+        (
+            PHASES,
+            "end if end <= known else known\n",
+            "end\n",
+        ),
+        machines=("prefix-scheduler",),
+        expect=DIVERGES,
+    ),
+    mutant(
+        "runner-async-output-index-behind",
+        "the engine's forward samples a request on its placeholder with the output index "
+        "of the token in flight (its outputs so far), not the one it samples",
+        (
+            RUNNER,
+            "seq.num_tokens + seq.num_output_placeholders - seq.num_prompt_tokens\n",
+            "seq.num_tokens - seq.num_prompt_tokens\n",
+        ),
+        # Greedy rows ignore the index; the engine machine's temperature 0.8 rows do not.
+        machines=("engine",),
+        expect=("sampled_tokens_match_solo",),
     ),
     mutant(
         "nano-vllm-victim-last",

@@ -42,7 +42,8 @@ change. The rules, each where it acts:
 
 The ``kvsched`` profile and the other peers' profiles have no async scheduling
 (``SchedulerConfig`` refuses it): their engines apply each step's outputs before the
-next step is scheduled.
+next step is scheduled. Our engine runs these rules under ``vllm-v1`` in its own code
+(``impl/pipeline.py``), its forward in a worker thread while the next step is scheduled.
 """
 
 from __future__ import annotations

@@ -46,7 +46,15 @@ class SchedulerAdapter:
             return self.scheduler.step(self.forward)
 
         def sample(out: SchedulerOutput) -> list[int]:
-            return [next_token(tuple(seq.token_ids)) for seq in out.samples()]
+            # Async scheduling: a request on its placeholder samples after the token the
+            # step in flight brings it (out.pending).
+            pending = out.pending
+            return [
+                next_token(
+                    (*seq.token_ids, pending[seq]) if seq in pending else tuple(seq.token_ids)
+                )
+                for seq in out.samples()
+            ]
 
         return self.scheduler.step(sample)
 

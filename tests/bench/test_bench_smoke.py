@@ -33,6 +33,7 @@ EXPECTED = {
     "prefix_caching": "outputs equal",
     "queue_scaling": "memory per waiting request",
     "startup": "kvsched --version",
+    "async_overlap": "outputs vs sync",
 }
 QUICK: list[tuple[Main, str]] = [
     (main, EXPECTED[name]) for name, main, _, _ in SCRIPTS if name in EXPECTED

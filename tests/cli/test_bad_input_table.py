@@ -329,8 +329,6 @@ OPTION_CASES: list[tuple[str, tuple[str, ...], str]] = [
     ("long-prefill-threshold-without-vllm-v1", ("run", "{w}", "--long-prefill-token-threshold", "8"), "--long-prefill-token-threshold is a vllm-v1 setting; the kvsched profile has no long-prefill cap"),
     ("long-prefill-threshold-over-model-len", ("run", "{w}", "--semantics", "vllm-v1", "--max-model-len", "16", "--long-prefill-token-threshold", "32"), "--long-prefill-token-threshold (32) cannot be greater than --max-model-len (16)"),
     ("async-without-vllm-v1", ("run", "{w}", "--async-scheduling"), "--async-scheduling is a vllm-v1 setting; the kvsched profile schedules each step after the previous one's outputs"),
-    ("async-in-our-engine", ("run", "{w}", "--semantics", "vllm-v1", "--async-scheduling"), "--async-scheduling: the kvsched engine runs synchronous steps only"),
-    ("async-in-our-engine-conform", ("conform", "{w}", "--semantics", "vllm-v1", "--async-scheduling"), "--async-scheduling: the kvsched engine runs synchronous steps only"),
 ]  # fmt: skip
 
 

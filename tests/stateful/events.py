@@ -121,6 +121,21 @@ ASYNC_STALE_STOP_EVENT = "vllm-v1/async-stale-output: a stale stop finished a wa
 ASYNC_STALE_SKIP_EVENT = "vllm-v1/async-stale-output: admission walked past a stale request"
 ASYNC_DROPPED_EVENT = "vllm-v1/async-discard: the output of a request gone dropped"
 
+#: What our machines (spec vs engine) require where vllm-v1 configs draw async
+#: scheduling (impl/pipeline.py): a preemption, an EOS and an abort each with a step in
+#: flight, a stale output delivered, and phase A walking past a request its step in
+#: flight ends.
+ASYNC_EVENTS = frozenset(
+    {
+        "config: async scheduling",
+        ASYNC_PREEMPT_EVENT,
+        ASYNC_EOS_EVENT,
+        ASYNC_ABORT_EVENT,
+        ASYNC_MAX_TOKENS_EVENT,
+        ASYNC_DELIVERED_EVENT,
+    }
+)
+
 
 def async_events(before: SchedulerState, mid: SchedulerState, plan: StepPlan) -> Iterator[str]:
     """vllm-v1/async-*'s events: what the step applied (``applied_batch``) and decided."""

@@ -50,6 +50,7 @@ def engine_configs(
     semantics_choices: tuple[Semantics, ...] = SEMANTICS,
     *,
     prefix_caching: bool = False,
+    async_scheduling: bool = False,
 ) -> SchedulerConfig:
     """Small pools so preemption really happens; every mode, policy and block size.
 
@@ -60,7 +61,8 @@ def engine_configs(
     time) gets a CPU pool from none (every swap falls back to recompute) through too
     small to twice the GPU pool. With ``prefix_caching`` the config turns it on (every
     profile may) and the mode is recompute or restart (caching refuses swap); the other
-    draws are the same.
+    draws are the same. ``async_scheduling``: vllm-v1 configs draw it on half the time
+    (``profile_configs``).
     """
     # One choice draws nothing (the kvsched-only machines keep their examples).
     semantics = (
@@ -69,7 +71,13 @@ def engine_configs(
         else draw(st.sampled_from(semantics_choices))
     )
     if semantics is not Semantics.KVSCHED:
-        return draw(profile_configs(semantics, prefix_caching=prefix_caching))
+        return draw(
+            profile_configs(
+                semantics,
+                prefix_caching=prefix_caching,
+                async_scheduling=async_scheduling and semantics is Semantics.VLLM_V1,
+            )
+        )
     block_size = draw(st.sampled_from(BLOCK_SIZES))
     gpu_tokens = draw(st.integers(8, 64))
     num_gpu_blocks = max(2, gpu_tokens // block_size)  # 16 x 1 block: no two requests fit

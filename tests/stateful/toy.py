@@ -96,6 +96,7 @@ class ToyModel:
         tokens: list[int] = []
         for seq, n in zip(out.scheduled, out.num_scheduled, strict=True):
             start = seq.num_computed
+            chunk = out.chunk_token_ids(seq, start, n)  # a placeholder's token from out.pending
             context: list[int] = []
             for position in range(start):
                 slot = self._slot(seq, position)
@@ -118,10 +119,10 @@ class ToyModel:
                 if slot in written:
                     fail("kv_exclusive", f"step {out.step}: slot {slot} written twice")
                 written.add(slot)
-                token = seq.token_ids[position]
+                token = chunk[position - start]
                 gpu[slot] = (seq.arrival, position, token)
                 context.append(token)
-            if start + n == seq.num_tokens:
+            if start + n == seq.num_tokens + seq.num_output_placeholders:
                 tokens.append(self.oracle(tuple(context)))
         if self._armed("forward after KV write", out):
             self._fire("forward after KV write")

@@ -42,6 +42,7 @@ from spec.oracle import HashOracle
 from spec.types import PreemptionMode, SamplingParams, SchedulerConfig, Semantics
 from tests.oracles.metrics import MetricTrace, TraceStep, engine_mismatches
 from tests.stateful.coverage import PREFIX_REQUIRED_EVENTS, REQUIRED_EVENTS, VLLM_V0_EVENTS
+from tests.stateful.events import ASYNC_EVENTS
 from tests.stateful.failures import InjectedFault, fail, require
 from tests.stateful.sizes import Size, Sizes
 from tests.stateful.strategies import WITHOUT_VLLM_V0, engine_configs
@@ -176,18 +177,30 @@ class EngineSide(Side):
     def fire(self, kind: str) -> None:
         del self.armed[kind]
         self.note(f"fault: {kind}")
+        if self.config.async_scheduling:  # in the worker, found by a later step()
+            self.note(ASYNC_FAULT_EVENT)
         raise InjectedFault(kind)
 
     def arm_fault(self, kind: str, when_preempting: bool) -> None:
+        # Async scheduling: armed once the forward in flight has run, so that the fault
+        # fires in the next one submitted whatever the worker's timing (the machine's
+        # draws must not depend on it).
+        self.engine.synchronize()
         self.armed[kind] = when_preempting
 
     def solo(self, prompt: tuple[int, ...], params: SamplingParams) -> tuple[int, ...]:
         return solo_outputs(prompt, params)
 
     def faults_armed(self) -> bool:
-        return bool(self.armed)
+        """A fault armed, or (async scheduling) fired in a forward in flight: the next
+        step may raise it."""
+        engine = self.engine
+        engine.synchronize()
+        return bool(self.armed) or any(f.exception() is not None for f in engine.forwards)
 
     def fault_snapshot(self) -> dict[str, object]:
+        # Async scheduling: the forward in flight writes K/V meanwhile; read after it.
+        self.engine.synchronize()
         snapshot: dict[str, object] = {
             "fault_keeps_metrics": metrics_without_time(self.engine),
             "fault_restores_kv": self.live_kv(),
@@ -223,7 +236,11 @@ class EngineSide(Side):
         def slots(tables: Iterable[tuple[Sequence[int], int]]) -> list[int]:
             return [table[p // bs] * bs + p % bs for table, n in tables for p in range(n)]
 
-        running = [(s.block_table, s.num_computed) for s in scheduler.running]
+        # Under async scheduling a step in flight's positions are computed but not yet
+        # written (or being written): only the positions before them are live.
+        running = [
+            (s.block_table, s.num_computed - s.num_in_flight_tokens) for s in scheduler.running
+        ]
         swapped = [(s.cpu_block_table, s.num_computed) for s in scheduler.swapped]
         return self.kv_of(True, slots(running)) + self.kv_of(False, slots(swapped))
 
@@ -237,7 +254,8 @@ class EngineSide(Side):
 
     def after_step(self, advance: Advance) -> None:
         mid, plan = advance.mid, advance.plan
-        by_id = {request.request_id: request for request in mid.running}
+        # Async scheduling: a stale output is delivered to a waiting victim.
+        by_id = {request.request_id: request for request in (*mid.running, *mid.waiting)}
         for sampled in plan.sampled:
             request = by_id[sampled.request_id]
             solo = self.solo(request.request.prompt_token_ids, request.request.params)
@@ -277,6 +295,10 @@ class Engine(Subject):
         return EngineSide(config, note)
 
 
+#: Async scheduling: a fault in a forward run by the engine's worker thread, which the
+#: next ``step()`` that waits for it must roll back with that step still in flight.
+ASYNC_FAULT_EVENT: Final = "fault: in a forward in flight (async scheduling)"
+
 #: Only the engine has K/V to restore: a fault after a forward that wrote into blocks its
 #: step's victims gave up (the case ``fault_restores_kv`` exists for).
 OVERWRITE_EVENT: Final = "fault: after the forward wrote into blocks a victim gave up"
@@ -302,14 +324,16 @@ ENGINE = Engine(
     name="engine",
     machine="EngineDifferential",
     caps=OURS,
-    configs=engine_configs(WITHOUT_VLLM_V0),
+    configs=engine_configs(WITHOUT_VLLM_V0, async_scheduling=True),
     sizes=Sizes(
         ci=Size(400, 50),
         dev=Size(15, 25),
         nightly=Size(6_000, 60, targeting=True),
         mutation=Size(200, 30),
     ),
-    required=(REQUIRED_EVENTS | {OVERWRITE_EVENT}) - VLLM_V0_EVENTS - VLLM_V1_STREAM_DEPENDENT,
+    required=(REQUIRED_EVENTS | {OVERWRITE_EVENT, ASYNC_FAULT_EVENT} | ASYNC_EVENTS)
+    - VLLM_V0_EVENTS
+    - VLLM_V1_STREAM_DEPENDENT,
     vocab=VOCAB,
 )
 

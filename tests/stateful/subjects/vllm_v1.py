@@ -11,13 +11,7 @@ from typing import Final
 
 from spec.types import Semantics
 from tests.stateful.coverage import PREFIX_EVENTS
-from tests.stateful.events import (
-    ASYNC_ABORT_EVENT,
-    ASYNC_DELIVERED_EVENT,
-    ASYNC_EOS_EVENT,
-    ASYNC_MAX_TOKENS_EVENT,
-    ASYNC_PREEMPT_EVENT,
-)
+from tests.stateful.events import ASYNC_EVENTS
 from tests.stateful.strategies import profile_configs
 from tests.stateful.subject import Capabilities
 from tests.stateful.subjects.peer import PEER_EVENTS, PEER_SIZES, VOCAB, Peer
@@ -44,12 +38,7 @@ REQUIRED_VLLM: Final = PEER_EVENTS | {
     "chunked prefill: partial chunk",
     "chunked prefill: last chunk of a resumed prefill",
     "abort: running mid-prefill",
-    "config: async scheduling",
-    ASYNC_PREEMPT_EVENT,
-    ASYNC_EOS_EVENT,
-    ASYNC_ABORT_EVENT,
-    ASYNC_MAX_TOKENS_EVENT,
-    ASYNC_DELIVERED_EVENT,
+    *ASYNC_EVENTS,
 }
 
 VLLM = Peer(
