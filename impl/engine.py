@@ -439,7 +439,8 @@ class LLMEngine:
         metrics.generated_tokens += len(plan.sampled_ids)  # async: the applied step's
         metrics.prefix_cache_queries += out.num_queried_tokens
         metrics.prefix_cache_hits += out.num_hit_tokens
-        metrics.reclaimed_cached_blocks += self.scheduler.gpu.num_reclaimed
+        if out.queued:  # an async step that scheduled nothing began no pool step
+            metrics.reclaimed_cached_blocks += self.scheduler.gpu.num_reclaimed
         metrics.peak_gpu_blocks_used = max(metrics.peak_gpu_blocks_used, gpu_blocks_used)
         capacity = self.config.num_gpu_blocks * self.config.block_size
         metrics.kv_utilization_sum += tokens_in_cache / capacity

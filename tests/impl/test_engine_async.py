@@ -70,7 +70,10 @@ def test_async_outputs_equal_sync_and_solo(
     rng = random.Random(seed)
     config = vllm_config(rng, async_scheduling=True)
     requests = workload(rng)
-    async_results = drained(LLMEngine(config, model=model64), requests)
+    engine = LLMEngine(config, model=model64)
+    async_results = drained(engine, requests)
+    # Every applied token counted once; the outputs of requests gone are dropped.
+    assert engine.metrics.generated_tokens == sum(len(r.output_token_ids) for r in async_results)
     sync_config = SchedulerConfig(**{**asdict(config), "async_scheduling": False})
     sync_results = drained(LLMEngine(sync_config, model=model64), requests)
     assert [(r.output_token_ids, r.finish_reason) for r in async_results] == [
