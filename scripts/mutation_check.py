@@ -763,6 +763,25 @@ MUTANTS: tuple[Mutant, ...] = (
         expect=("plan_matches_spec",),
     ),
     mutant(
+        "cm-vllm-v1-async-max-tokens-one-step-late",
+        "vllm-v1/async-max-tokens: spec and engine walk past a request only once its "
+        "outputs in flight are past max_tokens (one decode more than vLLM), in both",
+        (
+            SPEC_PROFILES,
+            "    if computed + 2 - placeholders >= end:\n",
+            "    if computed + 1 - placeholders >= end:\n",
+        ),
+        (
+            PHASES,
+            "    if computed + 2 - placeholders >= seq.num_prompt_tokens",
+            "    if computed + 1 - placeholders >= seq.num_prompt_tokens",
+        ),
+        # Both sides agree; vLLM's AsyncScheduler does not.
+        machines=("vllm",),
+        expect=("plan_matches_spec",),
+        common_mode=True,
+    ),
+    mutant(
         "vllm-v1-async-max-tokens-not-walked-past",
         "vllm-v1/async-max-tokens: the engine's phase A schedules a request whose step in "
         "flight already ends it (one decode too many)",

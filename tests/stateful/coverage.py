@@ -101,8 +101,8 @@ def write_report(
 
 #: vllm-v1/priority-victim-any-running needs ``priority``, contention and a less important
 #: request scheduled ahead of the one that needs blocks: about once per ci run of the
-#: scheduler machine (2 000 examples), too rare for the engine machine's 400, which runs
-#: the same ``impl.Scheduler`` code; so only the scheduler machine requires it.
+#: scheduler machine (2 000 examples), not on every stream, so no machine requires it;
+#: tests/impl/test_undone_victim.py takes it on a fixed workload, async off and on.
 UNDONE_VICTIM_EVENT: Final = (
     "vllm-v1/priority-victim-any-running: a scheduled victim's chunk undone"
 )

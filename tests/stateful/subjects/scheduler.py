@@ -23,7 +23,6 @@ from spec.types import SchedulerConfig
 from tests.stateful.coverage import (
     PREFIX_REQUIRED_EVENTS,
     REQUIRED_EVENTS,
-    UNDONE_VICTIM_EVENT,
     WATERMARK_EVENT,
 )
 from tests.stateful.events import ASYNC_EVENTS
@@ -81,7 +80,10 @@ SCHEDULER = ToyScheduler(
         nightly=Size(20_000, 100, targeting=True),
         mutation=Size(1_000, 40),
     ),
-    required=REQUIRED_EVENTS | {UNDONE_VICTIM_EVENT, WATERMARK_EVENT} | ASYNC_EVENTS,
+    # Not required: UNDONE_VICTIM_EVENT (tests/stateful/coverage.py), reached in 28 steps
+    # of one ci stream and none of the next (2026-12-03, async drawn on half the vllm-v1
+    # examples); tests/impl/test_undone_victim.py reaches it every time.
+    required=REQUIRED_EVENTS | {WATERMARK_EVENT} | ASYNC_EVENTS,
     vocab=VOCAB,
 )
 
