@@ -143,6 +143,17 @@ def drain_step_limit(state: SchedulerState) -> int:
     return 2 * bound + 2 if state.config.async_scheduling else bound
 
 
+def checked_tokens(out: SchedulerOutput, tokens: list[int]) -> list[int]:
+    """The model runner's ``tokens`` for ``out``: one per sampling chunk, else
+    ``SampledTokensError``."""
+    if len(tokens) != out.num_samples:
+        raise SampledTokensError(
+            f"step {out.step}: {out.num_samples} requests sample, "
+            f"the model runner returned {len(tokens)} tokens"
+        )
+    return tokens
+
+
 def _zero_by_mode() -> dict[PreemptionMode, int]:
     return dict.fromkeys(PreemptionMode, 0)
 
@@ -334,12 +345,7 @@ class LLMEngine:
         if scheduler.applies_oldest(out):
             applied = scheduler.in_flight[0].out if scheduler.in_flight else out
             try:
-                tokens = forwards[0].result()
-                if len(tokens) != applied.num_samples:
-                    raise SampledTokensError(
-                        f"step {applied.step}: the model runner returned {len(tokens)} "
-                        f"tokens for {applied.num_samples}"
-                    )
+                tokens = checked_tokens(applied, forwards[0].result())
             except BaseException:
                 if forward is not None:
                     forwards.pop()
@@ -388,13 +394,7 @@ class LLMEngine:
             protected = self._reused_victim_blocks(out)
             if protected:
                 saved = cache_engine.snapshot(protected)
-            tokens = self.model_runner.execute(out)
-            if len(tokens) != out.num_samples:
-                raise SampledTokensError(
-                    f"step {out.step}: {out.num_samples} requests sample, "
-                    f"the model runner returned {len(tokens)} tokens"
-                )
-            return tokens
+            return checked_tokens(out, self.model_runner.execute(out))
         except BaseException:
             if saved is not None:
                 cache_engine.restore(protected, saved)

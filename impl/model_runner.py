@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -61,7 +62,7 @@ class ModelRunner:
             spans.append(
                 Span(token_ids=tuple(known), start_pos=start, block_table=tuple(seq.block_table))
             )
-            if start + n == seq.num_tokens + seq.num_output_placeholders:  # else mid-prompt
+            if seq.samples_at(start + n):  # else a prefill chunk, mid-prompt
                 rows.append(row)
                 samplers.append(seq)
         return ForwardInput(
@@ -78,7 +79,7 @@ class ModelRunner:
             ),
         )
 
-    def build_batch(self, forward: ForwardInput, pending: dict[Sequence, int]) -> ForwardBatch:
+    def build_batch(self, forward: ForwardInput, pending: Mapping[Sequence, int]) -> ForwardBatch:
         """The spans, each chunk on a placeholder completed with its pending token."""
         if not forward.on_placeholder:
             return ForwardBatch(spans=forward.spans)

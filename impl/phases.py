@@ -407,9 +407,7 @@ def commit(
         start = seq.num_computed
         add_start(start)
         if start < seq.recomputed_until:
-            end = start + n
-            until = seq.recomputed_until
-            recomputed += (end if end < until else until) - start
+            recomputed += recomputed_tokens(seq, start, n)
         computed = start + n
         seq.num_computed = computed
         if computed == seq.num_tokens:
@@ -453,13 +451,28 @@ def finish_all(
     return finished
 
 
+def recomputed_tokens(seq: Sequence, start: int, n: int) -> int:
+    """The positions of the chunk ``start .. start + n - 1`` that ``seq`` had computed
+    before a preemption dropped them (``EngineMetrics.recomputed_tokens``); the caller
+    has checked ``start < seq.recomputed_until``."""
+    until = seq.recomputed_until
+    end = start + n
+    return (end if end < until else until) - start
+
+
 def finish(sched: Scheduler, seq: Sequence) -> FinishedRequest:
-    last = seq.token_ids[-1]
-    reason = FinishReason.STOP if last == seq.eos_token_id else FinishReason.LENGTH
+    """A running request (already out of ``running``) gives its blocks back and leaves."""
     sched.num_cached_tokens -= seq.num_computed
     sched.gpu.free(seq.block_table)
     if sched.tracks_running:
         sched.policy.on_leave(seq)
+    return retire(sched, seq)
+
+
+def retire(sched: Scheduler, seq: Sequence) -> FinishedRequest:
+    """R10's report of a request out of every queue: STOP if its last token is its EOS,
+    else LENGTH; it leaves the engine."""
+    reason = FinishReason.STOP if seq.token_ids[-1] == seq.eos_token_id else FinishReason.LENGTH
     seq.status = _FINISHED
     del sched.requests[seq.request_id]
     return seq.to_finished(reason)

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from impl.phases import finish
+from impl.phases import finish, recomputed_tokens, retire
 from impl.scheduler_output import SchedulerOutput
 from impl.sequence import Sequence, SequenceStatus
-from spec.types import FinishedRequest, FinishReason, InFlightBatch, ScheduledChunk
+from spec.types import FinishedRequest, InFlightBatch, ScheduledChunk
 
 if TYPE_CHECKING:
     from impl.scheduler import Scheduler
@@ -87,10 +87,10 @@ def advance(sched: Scheduler, out: SchedulerOutput) -> InFlightStep:
     for seq, n in zip(out.scheduled, out.num_scheduled, strict=True):
         start = seq.num_computed
         starts.append(start)
-        if start < seq.recomputed_until:  # EngineMetrics.recomputed_tokens
-            recomputed += min(start + n, seq.recomputed_until) - start
+        if start < seq.recomputed_until:
+            recomputed += recomputed_tokens(seq, start, n)
         computed = start + n
-        samples = computed == seq.num_tokens + seq.num_output_placeholders
+        samples = seq.samples_at(computed)
         sampling.append(samples)
         seq.num_computed = computed
         seq.num_in_flight_tokens += n
@@ -114,11 +114,10 @@ def pops_oldest(sched: Scheduler, out: SchedulerOutput, depth: int) -> bool:
     return depth >= 1
 
 
-def apply(
-    sched: Scheduler, step: InFlightStep
-) -> tuple[list[Sequence], list[int], list[FinishedRequest]]:
-    """Apply the oldest step in flight (vllm-v1/async-commit, -stale-output, -discard):
-    the requests that got a token, their tokens, and the requests finished, in plan order.
+def apply(sched: Scheduler) -> tuple[list[Sequence], list[int], list[FinishedRequest]]:
+    """Apply the oldest step in flight, which leaves the queue (vllm-v1/async-commit,
+    -stale-output, -discard): the requests that got a token, their tokens, and the
+    requests finished, in plan order.
 
     Per chunk ``(seq, n)``: a request no longer live (finished or aborted since) is
     skipped, its output dropped; else ``in_flight -= n``, and ``stale -= n`` if it was
@@ -127,8 +126,8 @@ def apply(
     ``running`` (its blocks freed) or, stale, from ``waiting``. A running request's
     blocks full of known tokens (``computed - placeholders``) get their keys (PC2).
     """
-    popped = sched.in_flight.popleft()
-    assert popped is step and step.tokens is not None
+    step = sched.in_flight.popleft()
+    assert step.tokens is not None, "the step's forward has not run"
     tokens = iter(step.tokens)
     got: list[Sequence] = []
     got_tokens: list[int] = []
@@ -169,7 +168,4 @@ def finish_applied(sched: Scheduler, seq: Sequence) -> FinishedRequest:
         sched.running.remove(seq)
         return finish(sched, seq)
     sched.waiting.remove(seq)
-    reason = FinishReason.STOP if seq.token_ids[-1] == seq.eos_token_id else FinishReason.LENGTH
-    seq.status = _FINISHED
-    del sched.requests[seq.request_id]
-    return seq.to_finished(reason)
+    return retire(sched, seq)

@@ -467,7 +467,7 @@ class Scheduler:
         self.num_steps += 1
         if not applies:
             return make_async_plan(out, [], [], [])
-        got, got_tokens, finished = pipeline.apply(self, self.in_flight[0])
+        got, got_tokens, finished = pipeline.apply(self)
         return make_async_plan(out, got, got_tokens, finished)
 
     # --- the spec's view ----------------------------------------------------------------

@@ -8,7 +8,9 @@ forward fails, ``impl/rollback.py`` walks it backwards.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Final
 
 from impl.sequence import Sequence
 from spec.types import PreemptionMode
@@ -16,6 +18,11 @@ from spec.types import PreemptionMode
 if TYPE_CHECKING:
     from impl.model_runner import ForwardInput
     from impl.snapshot import Snapshot
+
+
+#: A synchronous step's ``pending``: no step in flight brings a token (shared, read-only,
+#: so a step allocates nothing for it).
+_NOTHING_PENDING: Final[Mapping[Sequence, int]] = MappingProxyType({})
 
 
 class PreemptionRecord:
@@ -132,7 +139,7 @@ class SchedulerOutput:
         #: async scheduling: the token the step in flight brings to each of its
         #: sampling requests, for the chunks scheduled on its placeholder (set by
         #: whoever runs the forward, once that step's forward has run)
-        self.pending: dict[Sequence, int] = {}
+        self.pending: Mapping[Sequence, int] = _NOTHING_PENDING
         #: the forward's inputs, prepared while the requests read as scheduled (the
         #: engine's async step runs the forward after they moved on)
         self.forward_input: ForwardInput | None = None
@@ -159,7 +166,7 @@ class SchedulerOutput:
         return [
             seq
             for seq, n in zip(self.scheduled, self.num_scheduled, strict=True)
-            if seq.num_computed + n == seq.num_tokens + seq.num_output_placeholders
+            if seq.samples_at(seq.num_computed + n)
         ]
 
     def chunk_token_ids(self, seq: Sequence, start: int, n: int) -> list[int]:

@@ -102,6 +102,12 @@ class Sequence:
         # Stored position in the waiting queue for policies that keep a heap.
         self.queue_key = 0
 
+    def samples_at(self, end: int) -> bool:
+        """Whether a chunk ending at position ``end`` samples (R10): it reaches the
+        request's tokens, plus its placeholders under async scheduling (the tokens the
+        steps in flight will bring)."""
+        return end == self.num_tokens + self.num_output_placeholders
+
     @property
     def output_token_ids(self) -> tuple[int, ...]:
         return tuple(self.token_ids[self.num_prompt_tokens :])

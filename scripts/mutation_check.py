@@ -1238,8 +1238,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "recomputed_tokens counts a re-prefill's whole chunk, past what the victim had computed",
         (
             PHASES,
-            "            recomputed += (end if end < until else until) - start\n",
-            "            recomputed += n\n",
+            "    return (end if end < until else until) - start\n",
+            "    return n\n",
         ),
         machines=ENGINE_ONLY,
         expect=("metric_recomputed_tokens",),

@@ -122,7 +122,7 @@ class ToyModel:
                 token = chunk[position - start]
                 gpu[slot] = (seq.arrival, position, token)
                 context.append(token)
-            if start + n == seq.num_tokens + seq.num_output_placeholders:
+            if seq.samples_at(start + n):
                 tokens.append(self.oracle(tuple(context)))
         if self._armed("forward after KV write", out):
             self._fire("forward after KV write")
