@@ -129,8 +129,12 @@ def drain_step_limit(state: SchedulerState) -> int:
     charges a request more); for ``n`` live requests, ``(n + 1)`` times the sum, plus
     ``n``, as if each could lose all its progress once to each other one (so it holds
     under every policy, not only those the LIFO proof covers). Under async scheduling
-    twice that plus two: each step's outputs arrive a step late, and the last step in
-    flight takes one more to apply (not derived: a generous allowance).
+    two more: a request's finish is applied a step after its last chunk, a step its
+    own term already has to spare (the spec's bound charges it at most
+    ``cdiv(P + o, B) + M - o - 1`` steps, one fewer than its term here), and after the
+    last finish the batch queue empties in two steps (one the finish still makes
+    schedule, one that only applies it; docs/semantics.md, "Liveness under the
+    profiles").
     """
     live = (*state.waiting, *state.running, *state.swapped)
     budget = state.config.max_num_batched_tokens
@@ -140,7 +144,7 @@ def drain_step_limit(state: SchedulerState) -> int:
         for r in live
     )
     bound = (len(live) + 1) * per_request + len(live)
-    return 2 * bound + 2 if state.config.async_scheduling else bound
+    return bound + 2 if state.config.async_scheduling else bound
 
 
 def checked_tokens(out: SchedulerOutput, tokens: list[int]) -> list[int]:

@@ -28,7 +28,8 @@ from spec.types import (
 
 
 def head_steps(request: RequestState, budget: int) -> int:
-    """Steps a request needs as the head of ``running``, from its current progress.
+    """Steps a request needs as the head of ``running``, from its current progress, in
+    which it is scheduled.
 
     As the head it gets ``min(remaining, budget)`` tokens every step
     (``remaining = num_tokens - computed``), so its prefill completes, sampling its
@@ -37,13 +38,24 @@ def head_steps(request: RequestState, budget: int) -> int:
     it finishes (``length``, or earlier on EOS) within
     ``ceil(remaining / budget) + (max_tokens - outputs - 1)`` steps.
 
+    Under async scheduling (vllm-v1/async-placeholders) a placeholder ``p`` counts as
+    an output already sampled and as a token still to compute (its position is
+    computed, its token not yet known): ``remaining = num_tokens + p - computed`` and
+    ``outputs + p`` outputs. A request whose step in flight samples its last allowed
+    token is scheduled no more (vllm-v1/async-max-tokens): zero steps. The step that
+    applies its finish is the drain bound's lag step, not counted here.
+
     pre: budget >= 1
-    pre: 0 <= request.num_computed_tokens < request.num_tokens
+    pre: 0 <= request.num_computed_tokens
+    pre: request.num_computed_tokens < request.num_tokens + request.num_output_placeholders
     pre: len(request.output_token_ids) < request.request.params.max_tokens
-    post: __return__ >= 1
+    post: __return__ >= 1 or (__return__ >= 0 and request.num_output_placeholders > 0)
     """
-    remaining = request.num_tokens - request.num_computed_tokens
-    to_sample = request.request.params.max_tokens - len(request.output_token_ids)
+    placeholders = request.num_output_placeholders
+    remaining = request.num_tokens + placeholders - request.num_computed_tokens
+    to_sample = request.request.params.max_tokens - len(request.output_token_ids) - placeholders
+    if to_sample <= 0:
+        return 0
     return cdiv(remaining, budget) + to_sample - 1
 
 
@@ -140,6 +152,32 @@ def drain_step_bound(state: SchedulerState) -> int:
     for ``n`` live requests. So with ``W`` requests waiting now the drain takes at most
     ``H + W + (n - 1) * H = n * H + W`` steps (loose; honest).
 
+    ``vllm-v1`` with async scheduling (vllm-v1/async-*, a batch queue of two): steps
+    1-3 hold with ``head_steps`` read on top of the placeholders, and the one-step lag
+    adds steps the sum does not count, each bounded:
+
+    a. A head's run ends one step late: after the step that schedules its last
+       allowed token (or samples its EOS), the next step walks past it
+       (vllm-v1/async-max-tokens; an EOS in flight is scheduled once more and that
+       output discarded, vllm-v1/async-discard) and applies its finish, since the
+       step it queues fills the batch queue. One **lag step** per request, at most.
+    b. Step 3's admission still has a head ready: a waiting request walked past for
+       a stale output (vllm-v1/async-stale-output) was preempted by the step then
+       scheduled, and that step applies the step in flight, delivering the stale
+       output, before the next one; a preempting step admits nobody anyway. So
+       between steps no waiting request waits on a stale output, and an empty
+       ``running`` admits the waiting head as before. The head of ``running`` is never
+       preempted (step 1: alone it fits, and it is never scheduled past ``max_tokens``
+       or ``max_model_len``, vllm-v1/async-max-tokens).
+    c. After the last finish the batch queue empties in two steps: one the finish
+       still makes schedule (``has_finished_requests``), which applies the step queued
+       with the finish, and one that only applies its own.
+
+    So the bound is ``H + n + 2`` for ``n > 0`` live requests; with none live, the
+    tail under way: a step for the finish not yet reported, and one per step in
+    flight. It is exact for a lone request that never samples EOS, from every state
+    of its run (tests/spec/test_pipeline.py).
+
     ``vllm-v0``: the head may be a victim (vllm-v0/append-touches-last-block: alone,
     holding every block, a decode into its partly filled last block still wants a free
     one, so it preempts itself), so heads do not follow one another. Another count
@@ -158,6 +196,11 @@ def drain_step_bound(state: SchedulerState) -> int:
         requests = (*state.waiting, *state.running, *state.swapped)
         return 2 * sum(r.request.params.max_tokens - len(r.output_token_ids) for r in requests)
     bound = lifo_drain_bound(state)
+    if state.config.async_scheduling:
+        live = len(state.waiting) + len(state.running) + len(state.swapped)
+        if live:
+            return bound + live + 2
+        return len(state.in_flight) + state.has_finished_requests  # c., under way
     if prefill_first(state.config):
         live = len(state.waiting) + len(state.running) + len(state.swapped)
         return live * bound + len(state.waiting)

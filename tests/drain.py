@@ -22,8 +22,7 @@ def lifo_proof_applies(config: SchedulerConfig) -> bool:
     a profile it covers (``spec.profiles.liveness_proved``: not transformers)."""
     policy = config.policy
     return (
-        not config.async_scheduling  # its one-step lag is outside the proof (semantics.md)
-        and policy in LIFO_PROOF_POLICIES
+        policy in LIFO_PROOF_POLICIES
         and spec.POLICIES[policy].select_victim is lifo_victim
         and liveness_proved(config)
     )
@@ -39,22 +38,15 @@ def drain_bound(state: SchedulerState) -> int:
     resets) that proof does not carry over, and the bound is
     a documented generous one, ``(n + 1) * lifo_bound + n`` for ``n`` live requests (as
     if every request could lose all its progress once per other request); the runs
-    record the largest ratio actually seen (docs/stateful-testing.md). Under async
-    scheduling (vllm-v1/async-*) it is twice that, plus the two steps that empty the
-    batch queue.
+    record the largest ratio actually seen (docs/stateful-testing.md). Async scheduling
+    (vllm-v1/async-*) is in ``spec.drain_step_bound`` (its lag steps and the batch
+    queue's tail), so it needs nothing here.
     """
     bound = spec.drain_step_bound(state)
     if lifo_proof_applies(state.config):
         return bound
     n = spec.num_unfinished_requests(state)
-    generous = (n + 1) * bound + n
-    if state.config.async_scheduling:
-        # vllm-v1/async-*, not proven: outputs arrive a step late and an EOS in flight
-        # costs a step (taken as doubling the steps), and the batch queue empties in two
-        # steps after the last finish (the step in flight, then the empty one that
-        # reports the finish).
-        return 2 * generous + 2
-    return generous
+    return (n + 1) * bound + n
 
 
 ProgressKey = tuple[object, ...]

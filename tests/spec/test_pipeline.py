@@ -24,6 +24,7 @@ from spec import (
     abort_request,
     add_request,
     complete_step,
+    drain_step_bound,
     has_unfinished_requests,
     init_state,
     live_request_ids,
@@ -121,6 +122,45 @@ def test_no_step_is_scheduled_past_max_tokens() -> None:
     plans = run(with_requests(vllm(), ("r0", (1, 2, 3), params(2))))
     assert [chunks(p) for p in plans] == [[("r0", 0, 3)], [("r0", 3, 1)], [], [], []]
     assert [f.finish_reason for f in plans[2].finished] == [FinishReason.LENGTH]
+
+
+def test_the_drain_bound_is_exact_for_a_lone_request() -> None:
+    """spec.drain_step_bound under async: ``H + n + 2``. A lone request that never
+    samples EOS takes its head steps (prefill, then one decode per further output),
+    its lag step (walked past, its finish applied) and the batch queue's two-step tail,
+    from the start and from every state between steps on the way."""
+    state = with_requests(vllm(), ("r0", (1, 2, 3, 4, 5), params(4)))
+    bounds: list[int] = []
+    taken = 0
+    while has_unfinished_requests(state):
+        bounds.append(drain_step_bound(state))
+        state, _ = checked(state)
+        taken += 1
+    assert bounds == list(range(taken, 0, -1)) == [7, 6, 5, 4, 3, 2, 1]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_lifo_drains_within_the_bound_from_every_state(seed: int) -> None:
+    """The LIFO drain bound under async (docs/semantics.md, "Liveness under the
+    profiles"): from every state after the last arrival, the drain takes at most
+    ``spec.drain_step_bound`` steps."""
+    config, requests = _workload(random.Random(seed))
+    config = replace(config, policy="lifo", async_scheduling=True)
+    state = init_state(config)
+    pending = sorted(requests)
+    starts: list[tuple[int, int]] = []  # (step, bound) from each state after the arrivals
+    steps = 0
+    while pending or has_unfinished_requests(state):
+        while pending and pending[0][0] <= steps:
+            _, rid, prompt, p = pending.pop(0)
+            state = add_request(state, rid, prompt, p)
+        if not pending:
+            starts.append((steps, drain_step_bound(state)))
+        state, _ = checked(state)
+        steps += 1
+        assert steps < 500, "no drain"
+    over = [(start, bound, steps - start) for start, bound in starts if steps - start > bound]
+    assert not over, over
 
 
 def test_an_eos_in_flight_costs_one_discarded_step() -> None:
