@@ -149,6 +149,7 @@ OFFLOAD = "impl/offload_step.py"
 RESERVE = "impl/reserve_step.py"
 SPEC_PROFILES = "spec/profiles.py"
 SPEC_PIPELINE = "spec/pipeline.py"
+SPEC_LIVENESS = "spec/liveness.py"
 PIPELINE = "impl/pipeline.py"
 
 #: What a wrong plan or state shows up as in the differential comparison.
@@ -761,6 +762,15 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
         machines=("vllm",),
         expect=("plan_matches_spec",),
+    ),
+    mutant(
+        "spec-vllm-v1-async-drain-bound-no-lag",
+        "vllm-v1/async drain bound: the spec's bound leaves out the lag step each live "
+        "request may spend waiting for its output in flight",
+        (SPEC_LIVENESS, "            return bound + live + 2\n", "            return bound + 2\n"),
+        # The scheduler machine drains async lifo states and holds them to the bound.
+        machines=("scheduler",),
+        expect=("drain_bound",),
     ),
     mutant(
         "cm-vllm-v1-async-max-tokens-one-step-late",

@@ -614,13 +614,18 @@ class LockstepMachine(RuleBasedStateMachine):
         self.target(float(steps), "drain steps")
 
     def drain(self) -> int:
-        """Step until nothing is live on either side, within ``drain_bound``, never
-        repeating a state; the number of (committed) drain steps."""
+        """Step until nothing is live on either side, within ``drain_bound`` from the
+        start and from every state on the way (the bound is a function of the state, so
+        each later state is a drain of its own: a bound that undercounts a lone request's
+        last steps fails there), never repeating a state; the number of (committed)
+        drain steps."""
         start = self.lock.state
         bound = drain_bound(start)
         seen: set[ProgressKey] = set()
         steps = 0
+        bounds_on_the_way: list[tuple[int, int]] = []  # (steps taken, the bound from there)
         while self.lock.unfinished():
+            bounds_on_the_way.append((steps, drain_bound(self.lock.state)))
             if steps >= bound:
                 fail(
                     "drain_bound",
@@ -637,6 +642,13 @@ class LockstepMachine(RuleBasedStateMachine):
             if key in seen:
                 fail("no_livelock", f"state repeats after {steps} drain steps")
             seen.add(key)
+        for taken, later_bound in bounds_on_the_way:
+            if steps - taken > later_bound:
+                fail(
+                    "drain_bound",
+                    f"{steps - taken} steps to drain from the state after drain step {taken}"
+                    f" (bound {later_bound}, policy {self.config.policy})",
+                )
         with self.compared("finish"):
             self.lock.finish()
         lifo_bound = spec.drain_step_bound(start)
