@@ -51,6 +51,7 @@ from impl.scheduler_output import SchedulerOutput
 from impl.sequence import Sequence, SequenceStatus
 from impl.snapshot import Snapshot
 from spec.types import (
+    ConfigError,
     DuplicateRequestError,
     EmptyPromptError,
     FinishedRequest,
@@ -92,6 +93,13 @@ class Scheduler:
         vocab_size: int | None = None,
         enable_preemption: bool = True,
     ) -> None:
+        if config.num_speculative_tokens:
+            # The spec states speculative decoding (spec.speculative) and vLLM's scheduler
+            # is held to it; this engine has no drafter or verify step yet (issue 20).
+            raise ConfigError(
+                "num_speculative_tokens: the kvsched engine has no speculative decoding "
+                "yet (the spec and `kvsched conform --engine vllm` have it)"
+            )
         self.config = config
         semantics = config.semantics
         # The profile rules (docs/semantics.md, "Semantics profiles"), as switches read

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import json
 from collections.abc import Callable
 
 from kvsched.distributions import DistributionSyntaxError, IntDistribution, parse_distribution
+from spec.oracle import PromptLookupDrafter
 
 
 def _int(text: str) -> int:
@@ -85,3 +87,49 @@ def int_at_least(minimum: int) -> Callable[[str], int]:
 
     parse.__name__ = "int"
     return parse
+
+
+#: vLLM's ``speculative_config`` keys this project reads (``config/speculative.py``).
+SPECULATIVE_KEYS = ("method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max")
+
+
+def speculative_config(text: str) -> PromptLookupDrafter:
+    """``--speculative-config JSON``: vLLM's n-gram ``speculative_config``, with vLLM's
+    keys and defaulting (``config/speculative.py:1197-1220``): ``method`` ``"ngram"``,
+    ``num_speculative_tokens`` required, ``prompt_lookup_min``/``_max`` 5 when both are
+    missing, else the missing one equals the other, and min <= max."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not JSON: {e.msg} (got {text!r})") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"must be a JSON object, got {text!r}")
+    unknown = sorted(set(value) - set(SPECULATIVE_KEYS))
+    if unknown:
+        known = ", ".join(SPECULATIVE_KEYS)
+        raise argparse.ArgumentTypeError(f"unknown key(s) {unknown} (known: {known})")
+    if value.get("method") != "ngram":
+        raise argparse.ArgumentTypeError(
+            f'method must be "ngram" (the n-gram drafter), got {value.get("method")!r}'
+        )
+    numbers: dict[str, int] = {}
+    for key in SPECULATIVE_KEYS[1:]:
+        number = value.get(key)
+        if number is None:
+            continue
+        if not isinstance(number, int) or isinstance(number, bool) or number < 1:
+            raise argparse.ArgumentTypeError(f"{key} must be a positive integer, got {number!r}")
+        numbers[key] = number
+    if "num_speculative_tokens" not in numbers:
+        raise argparse.ArgumentTypeError("num_speculative_tokens is required")
+    low = numbers.get("prompt_lookup_min", numbers.get("prompt_lookup_max", 5))
+    high = numbers.get("prompt_lookup_max", low)
+    if low > high:
+        raise argparse.ArgumentTypeError(
+            f"prompt_lookup_min ({low}) must be <= prompt_lookup_max ({high})"
+        )
+    return PromptLookupDrafter(
+        num_speculative_tokens=numbers["num_speculative_tokens"],
+        prompt_lookup_min=low,
+        prompt_lookup_max=high,
+    )

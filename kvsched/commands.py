@@ -162,6 +162,7 @@ def conform(
                 config,
                 eos_token_id=eos,
                 python=peer_python(args.engine, args.peer_python),
+                speculative=args.speculative_config,
             )
             version = peer_version(args.engine, peer)
             if not version.tested:
@@ -184,7 +185,12 @@ def conform(
         outcome: lockstep_conform.ConformReport | Interrupted
         try:
             outcome = lockstep_conform.conform(
-                peer, config, workload, oracle_vocab=args.oracle_vocab, on_step=on_step
+                peer,
+                config,
+                workload,
+                oracle_vocab=args.oracle_vocab,
+                on_step=on_step,
+                speculative=args.speculative_config,
             )
         except Interrupted as e:
             outcome = e

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 
 from kvsched.drive import StepCallback, admission_window
 from kvsched.peers.known import classify
@@ -18,7 +19,7 @@ from kvsched.peers.lockstep import LockstepReport, run_workload
 from kvsched.peers.protocol import SchedulerUnderTest
 from kvsched.peers.registry import PeerVersion
 from kvsched.workload import WorkloadRequest
-from spec.oracle import HashOracle
+from spec.oracle import HashOracle, PromptLookupDrafter
 from spec.types import SchedulerConfig
 
 ConformReport = LockstepReport
@@ -32,11 +33,14 @@ def conform(
     oracle_vocab: int = 256,
     max_steps: int | None = None,
     on_step: StepCallback | None = None,
+    speculative: PromptLookupDrafter | None = None,
 ) -> ConformReport:
     """Run ``workload`` through ``peer`` and the spec in lockstep; stop at a divergence.
 
     Arrivals are admitted lazily where the policy allows it (``admission_window``): the
     spec's state is immutable tuples, so a long waiting queue would cost every step.
+    ``speculative``: the n-gram drafter both sides propose with (vllm-v1/spec-propose;
+    it stops at the config's ``max_model_len``, as vLLM's does).
     """
     return run_workload(
         peer,
@@ -46,6 +50,9 @@ def conform(
         max_steps=max_steps,
         on_step=on_step,
         window=admission_window(config),
+        drafter=None
+        if speculative is None
+        else replace(speculative, max_model_len=config.max_model_len),
     )
 
 

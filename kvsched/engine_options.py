@@ -133,6 +133,15 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
         "applied, as vLLM's AsyncScheduler (default: on for conform --engine vllm, as in "
         "vLLM 0.32; off elsewhere; our engine does not run it yet)",
     )
+    g.add_argument(
+        "--speculative-config",
+        type=argtypes.speculative_config,
+        default=None,
+        metavar="JSON",
+        help="vllm-v1 only: n-gram speculative decoding with vLLM's keys, e.g. "
+        '\'{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}\' '
+        "(async scheduling then defaults off, as in vLLM; our engine does not run it yet)",
+    )
     g.add_argument("--device", choices=DEVICES, default="auto", help="(default auto)")
     g.add_argument("--dtype", choices=DTYPES, default="float32", help="(default float32)")
     g.add_argument(
@@ -206,11 +215,15 @@ def scheduler_config(
     """The config the options name; a combination the config (or a profile) refuses is
     a ``CLIInputError`` that names the flags (``flag_names``). ``async_by_default``:
     async scheduling is on under vllm-v1 unless ``--no-async-scheduling`` (vLLM's own
-    default, for ``conform --engine vllm``)."""
+    default, for ``conform --engine vllm``; off with ``--speculative-config``, which
+    gives ``num_speculative_tokens``)."""
     semantics = default_semantics if args.semantics is None else Semantics(args.semantics)
+    speculative = args.speculative_config
     async_scheduling = args.async_scheduling
-    if async_scheduling is None:
-        async_scheduling = async_by_default and semantics is Semantics.VLLM_V1
+    if async_scheduling is None:  # vLLM turns it off for the n-gram drafter
+        async_scheduling = (
+            async_by_default and semantics is Semantics.VLLM_V1 and speculative is None
+        )
     # What the profile implies (nano-vllm: no chunked prefill, caching on;
     # vllm-v0: no chunked prefill), unless given.
     implied = profile_defaults(semantics)
@@ -232,6 +245,7 @@ def scheduler_config(
             long_prefill_token_threshold=args.long_prefill_token_threshold,
             long_prefill_token_threshold_adaptive=args.long_prefill_token_threshold_adaptive,
             async_scheduling=async_scheduling,
+            num_speculative_tokens=0 if speculative is None else speculative.num_speculative_tokens,
             **implied,
         )
     except ConfigError as e:

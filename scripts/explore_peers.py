@@ -11,6 +11,7 @@ The numbers in docs/peers.md ("how it was checked") come from this script::
     python scripts/explore_peers.py vllm --runs 300 --seed 8000 --shared-prefix
     python scripts/explore_peers.py vllm --runs 1000 --seed 30000 --long-prefill
     python scripts/explore_peers.py vllm --runs 1000 --seed 40000 --async-scheduling --aborts 0.1
+    python scripts/explore_peers.py vllm --runs 1000 --seed 50000 --speculative 4
 
 Each run draws a small workload and config (block sizes 1-16, or 2-16 for nano-vllm;
 tight to roomy pools; budgets from ``max_num_seqs`` to 48; ``max_num_seqs`` 1-6; EOS or
@@ -29,6 +30,11 @@ the time, so cached blocks are reclaimed and preempted requests come back to the
 freed blocks. Agreeing runs report the tokens their admissions hit (counted on the
 spec's plans; not with ``--aborts``), and every run the prefix-cache events of the steps
 both sides agreed on (``prefix_events``, nano-vllm's cache rules included).
+
+``--speculative K`` (vllm-v1): n-gram speculative decoding with 1 to ``K`` drafts a step
+on every run (vllm-v1/spec-*), drawn last; the drafts are prompt lookup of 1-3 tokens
+(vLLM's own proposer's rules) on half the runs and the oracle's own tokens, right up to
+a random point, on the others, the same on both sides.
 """
 
 from __future__ import annotations
@@ -59,7 +65,7 @@ from kvsched.peers.ours import SchedulerAdapter
 from kvsched.peers.protocol import SchedulerUnderTest
 from kvsched.peers.remote import PeerProcess, RemotePeer
 from kvsched.workload import WorkloadRequest
-from spec.oracle import HashOracle
+from spec.oracle import Drafter, HashOracle, PromptLookupDrafter
 from spec.types import (
     ConfigError,
     InvalidRequestError,
@@ -68,6 +74,7 @@ from spec.types import (
     SchedulerConfig,
     Semantics,
 )
+from tests.spec.helpers import OracleDrafter
 from tests.stateful.events import ASYNC_ABORT_EVENT, prefix_events, profile_events
 
 ORACLE_VOCAB = 8
@@ -117,6 +124,7 @@ def draw(
     shared_prefix: bool = False,
     long_prefill: bool = False,
     async_scheduling: bool = False,
+    speculative: int = 0,
 ) -> tuple[SchedulerConfig, list[WorkloadRequest]]:
     nano = peer == "nano-vllm" or semantics is Semantics.NANO_VLLM
     v0 = peer == "vllm-v0" or semantics is Semantics.VLLM_V0
@@ -204,7 +212,26 @@ def draw(
         )
     if async_scheduling:  # vllm-v1/async-*: after every other draw, so the runs are the same
         config = dataclasses.replace(config, async_scheduling=True)
+    if speculative:  # vllm-v1/spec-*: last too; a padded decode must not be cut
+        drafts = rng.randint(1, speculative)
+        if config.long_prefill_token_threshold:
+            drafts = min(drafts, config.long_prefill_token_threshold - 1)
+        config = dataclasses.replace(config, num_speculative_tokens=drafts)
     return config, workload
+
+
+def drafters(
+    rng: random.Random, config: SchedulerConfig
+) -> tuple[PromptLookupDrafter | None, Drafter | None]:
+    """The run's n-gram ``speculative_config`` and who proposes its drafts (None: prompt
+    lookup, vLLM's proposer's rules) under speculative decoding; (None, None) without."""
+    k = config.num_speculative_tokens
+    if not k:
+        return None, None
+    lookup = PromptLookupDrafter(k, 1, rng.randint(1, 3), max_model_len=config.max_model_len)
+    if rng.random() < 0.5:
+        return lookup, None
+    return lookup, OracleDrafter(ORACLE, k, rng.randint(0, k + 1))
 
 
 #: The profiles without chunked prefill (nano-vllm's has none; vllm-v0 does not model V0's).
@@ -238,6 +265,7 @@ def run_with_aborts(
     *,
     events: set[str] | None = None,
     distinct_readds: bool = False,
+    drafter: Drafter | None = None,
 ) -> LockstepReport:
     """Like ``run_workload``, plus: before each step, with probability ``p_abort``, abort
     a random live request (waiting, running or preempted) not aborted before, and
@@ -245,7 +273,7 @@ def run_with_aborts(
     the number of aborts so far, so that no two share a first page). ``events`` collects
     the prefix-cache events of the steps both sides agreed on (tests/stateful/events.py's
     ``prefix_events``)."""
-    lock = Lockstep(peer, config, ORACLE)
+    lock = Lockstep(peer, config, ORACLE, drafter=drafter)
     pending = sorted(workload, key=lambda r: r.arrival_step)
     aborted: set[str] = set()
     victim_blocks: dict[int, frozenset[int]] = {}
@@ -334,7 +362,7 @@ def command(peer: str, path: Path, c: SchedulerConfig) -> str:
             if c.long_prefill_token_threshold_adaptive
             else ""
         )
-        + (" --async-scheduling" if c.async_scheduling else "")
+        + (" --async-scheduling" if c.async_scheduling else " --no-async-scheduling")
     )
 
 
@@ -376,6 +404,13 @@ def main() -> int:
         action="store_true",
         help="vllm-v1: async scheduling on (vLLM's AsyncScheduler and batch queue)",
     )
+    parser.add_argument(
+        "--speculative",
+        type=int,
+        default=0,
+        metavar="K",
+        help="vllm-v1: n-gram speculative decoding, 1 to K drafts a step",
+    )
     args = parser.parse_args()
     kinds: collections.Counter[str] = collections.Counter()
     runs_with: collections.Counter[str] = collections.Counter()  # runs that met each event
@@ -401,14 +436,18 @@ def main() -> int:
                 shared_prefix=args.shared_prefix,
                 long_prefill=args.long_prefill,
                 async_scheduling=args.async_scheduling,
+                speculative=args.speculative,
             )
+            speculative, drafter = drafters(rng, config)
             eos = common_eos(r.params for r in workload) if args.peer == "nano-vllm" else None
             if args.peer == "kvsched":
                 peer = SchedulerAdapter(config)
             elif process is not None:
                 peer = process.peer(config, eos_token_id=eos)
             else:
-                peer = make_peer(args.peer, config, eos_token_id=eos)
+                peer = make_peer(
+                    args.peer, config, eos_token_id=eos, speculative=speculative, drafter=drafter
+                )
         except (PeerUnsupportedError, ConfigError) as e:
             kinds[f"unsupported: {e}"] += 1
             continue
@@ -418,6 +457,7 @@ def main() -> int:
             or args.shared_prefix
             or args.long_prefill
             or args.async_scheduling
+            or args.speculative
             or semantics is Semantics.VLLM_V0
         ):
             events: set[str] = set()
@@ -429,6 +469,7 @@ def main() -> int:
                 args.aborts,
                 events=events,
                 distinct_readds=args.peer == "tokenspeed" and not args.shared_prefix,
+                drafter=drafter or speculative,
             )
             runs_with.update(events)
         else:

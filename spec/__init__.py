@@ -16,7 +16,9 @@ code that implements it:
 - ``spec.invariants``: ``state_violations`` / ``plan_violations`` (what must hold);
 - ``spec.liveness``: ``drain_step_bound`` (how long a drain can take), ``drain`` and
   ``progress_violations`` (no preempted request waits in a step that could take it back);
-- ``spec.oracle``: pure toy next-token functions.
+- ``spec.speculative``: the speculative-decoding rules under vllm-v1 (drafts scheduled,
+  verified and rolled back; ``update_draft_token_ids``);
+- ``spec.oracle``: pure toy next-token functions and the prompt-lookup drafter.
 
 Nothing here mutates a value, does I/O or imports torch; every transition returns new
 values. The data types live in ``spec.types`` and are shared with the engine, which
@@ -24,7 +26,7 @@ must never import the functions.
 """
 
 import spec._clash  # noqa: F401  (first: names a shadowed spec/impl/model)
-from spec.invariants import check_plan, check_state, plan_violations, state_violations
+from spec.invariants import check_plan, check_state, plan_runs, plan_violations, state_violations
 from spec.kv import (
     blocks_held,
     blocks_needed,
@@ -50,14 +52,15 @@ from spec.liveness import (
     head_steps,
     worst_head_steps,
 )
-from spec.oracle import ConstantOracle, HashOracle, SuccessorOracle
+from spec.oracle import ConstantOracle, HashOracle, SuccessorOracle, TokenOracle
 from spec.policies import POLICIES, Policy, get_policy, is_registered, select_victim
 from spec.progress import progress_violations
 from spec.scheduler import (
-    TokenOracle,
     can_swap_out,
     complete_step,
+    complete_verified_step,
     finish_reason,
+    oracle_runs,
     oracle_tokens,
     plan_matches,
     preempt,
@@ -68,6 +71,7 @@ from spec.scheduler import (
     step,
     swap_out,
 )
+from spec.speculative import update_draft_token_ids
 from spec.types import (
     ConfigError,
     DuplicateRequestError,
@@ -134,6 +138,7 @@ __all__ = [
     "check_plan",
     "check_state",
     "complete_step",
+    "complete_verified_step",
     "drain",
     "drain_step_bound",
     "find_request",
@@ -149,8 +154,10 @@ __all__ = [
     "max_cached_tokens",
     "never_fits",
     "num_unfinished_requests",
+    "oracle_runs",
     "oracle_tokens",
     "plan_matches",
+    "plan_runs",
     "plan_violations",
     "preempt",
     "progress_violations",
@@ -162,5 +169,6 @@ __all__ = [
     "state_violations",
     "step",
     "swap_out",
+    "update_draft_token_ids",
     "worst_head_steps",
 ]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping
+from itertools import groupby
 
 from spec.kv import blocks_held
 from spec.policies import is_registered
@@ -25,13 +26,16 @@ from spec.profiles import (
     length_capped,
     model_len,
     num_tokens_with_placeholders,
+    num_tokens_with_spec,
     offloads_starved,
     prefill_first,
     reserves_generation,
     running_capped,
     single_prefill_violations,
+    speculative,
     too_large,
 )
+from spec.speculative import PAD, num_drafts_run
 from spec.types import (
     FinishedRequest,
     FinishReason,
@@ -121,6 +125,7 @@ def _request_violations(state: SchedulerState, queue: str, request: RequestState
             "a running request is one decode from its end"
         )
     found.extend(_in_flight_violations(state, queue, request))
+    found.extend(_draft_violations(state.config, queue, request))
     length = model_len(state.config)
     # vllm-v0/max-model-len accepts a prompt of exactly max_model_len tokens (it stops
     # at its first output); every other live request is below it.
@@ -153,6 +158,24 @@ def _request_violations(state: SchedulerState, queue: str, request: RequestState
             f"R4: {queue} request {rid!r} has arrival {request.request.arrival} outside "
             f"0..{state.next_arrival - 1}"
         )
+    return found
+
+
+def _draft_violations(config: SchedulerConfig, queue: str, request: RequestState) -> list[str]:
+    """vllm-v1/spec-*: drafts and blocks ahead only on a running request, under
+    speculative decoding; at most ``K`` drafts, none a pad (pads live inside a step)
+    and none on a request mid-prefill (vllm-v1/spec-propose)."""
+    rid = request.request_id
+    drafts = request.spec_token_ids
+    found: list[str] = []
+    if (drafts or request.num_blocks_ahead) and (queue != "running" or not speculative(config)):
+        found.append(f"spec-propose: {queue} request {rid!r} holds drafts or blocks ahead")
+    if request.num_blocks_ahead < 0:
+        found.append(f"spec-rejected-blocks-kept: {rid!r} has {request.num_blocks_ahead} ahead")
+    if len(drafts) > config.num_speculative_tokens or PAD in drafts:
+        found.append(f"spec-propose: {rid!r} holds drafts {drafts}")
+    if drafts and (request.num_computed_tokens != request.num_tokens - 1 or not request.decoding):
+        found.append(f"spec-propose: {rid!r} holds drafts but is not decoding")
     return found
 
 
@@ -338,14 +361,15 @@ def eos_sampled(request: RequestState) -> bool:
 
 def outputs_extended(
     state_mid: SchedulerState,
-    tokens: Mapping[str, int],
+    runs: Mapping[str, tuple[int, ...]],
     after: SchedulerState,
     finished: tuple[FinishedRequest, ...],
 ) -> bool:
     """R1, R3, R10 across phase D: every running request of ``state_mid`` is, after it,
     either still running (in the same order) or finished, not both; its outputs are
-    its outputs before plus its token from ``tokens`` if it sampled one (outputs are
-    only appended, one per sampling request); and nothing else appears in ``running``.
+    its outputs before plus its run from ``runs`` if it sampled (outputs are only
+    appended: a running request's whole run, a finished one's run up to the token
+    that stopped it, at least one); and nothing else appears in ``running``.
     """
     outputs_of = {r.request_id: r.output_token_ids for r in after.running}
     outputs_of_finished = {f.request_id: f.output_token_ids for f in finished}
@@ -357,10 +381,16 @@ def outputs_extended(
         return False
     for request in state_mid.running:
         rid = request.request_id
-        got = outputs_of.get(rid, outputs_of_finished.get(rid))
-        sampled = (tokens[rid],) if rid in tokens else ()
-        if got != (*request.output_token_ids, *sampled):
-            return False
+        before = request.output_token_ids
+        run = runs.get(rid, ())
+        if rid in outputs_of:
+            if outputs_of[rid] != (*before, *run):
+                return False
+        elif rid in outputs_of_finished:
+            got = outputs_of_finished[rid]
+            new = got[len(before) :]
+            if got[: len(before)] != before or not new or new != run[: len(new)]:
+                return False
     return len(outputs_of) + len(outputs_of_finished) == len(state_mid.running)
 
 
@@ -394,16 +424,31 @@ def _admitted(old: dict[str, tuple[str, RequestState]], plan: StepPlan) -> list[
     return [c.request_id for c in plan.scheduled if old.get(c.request_id, ("",))[0] == "waiting"]
 
 
-def _expected_reason(
-    config: SchedulerConfig, request: RequestState, token: int
-) -> FinishReason | None:
+def _run_reason(
+    config: SchedulerConfig, request: RequestState, run: tuple[int, ...]
+) -> tuple[int, FinishReason | None]:
+    """R10 token by token: how many of ``run``'s tokens a request delivers, and why it
+    stops after the last of them (None: it goes on)."""
     params = request.request.params
-    if not params.ignore_eos and params.eos_token_id is not None and token == params.eos_token_id:
-        return FinishReason.STOP
-    outputs = len(request.output_token_ids) + 1
-    if length_capped(config, request.num_tokens + 1, outputs, params.max_tokens):
-        return FinishReason.LENGTH
-    return None
+    outputs = len(request.output_token_ids)
+    for k, token in enumerate(run, 1):
+        if not params.ignore_eos and token == params.eos_token_id:
+            return k, FinishReason.STOP
+        if length_capped(config, request.num_tokens + k, outputs + k, params.max_tokens):
+            return k, FinishReason.LENGTH
+    return len(run), None
+
+
+def plan_runs(plan: StepPlan) -> dict[str, tuple[int, ...]]:
+    """The plan's sampled tokens as each request's run (vllm-v1/spec-verify: a request
+    that verified drafts samples several, one after the other), in plan order.
+
+    post: sum(len(run) for run in __return__.values()) == len(plan.sampled_ids)
+    """
+    runs: dict[str, tuple[int, ...]] = {}
+    for request_id, token in zip(plan.sampled_ids, plan.sampled_token_ids, strict=True):
+        runs[request_id] = (*runs.get(request_id, ()), token)
+    return runs
 
 
 def _chunk_violations(before: SchedulerState, plan: StepPlan) -> list[str]:
@@ -445,13 +490,27 @@ def _chunk_violations(before: SchedulerState, plan: StepPlan) -> list[str]:
                 f"R5: chunk of {rid!r} starts at {chunk.start}, not at its computed "
                 f"{request.num_computed_tokens}"
             )
-        if chunk.start + chunk.num_tokens > num_tokens_with_placeholders(request):
+        limit = _chunk_end_limit(config, old[rid][0], request, chunk.start)
+        if chunk.start + chunk.num_tokens > limit:
             found.append(
-                f"R5: chunk of {rid!r} ends at {chunk.start + chunk.num_tokens} > "
-                f"num_tokens {request.num_tokens} + placeholders "
-                f"{request.num_output_placeholders}"
+                f"R5: chunk of {rid!r} ends at {chunk.start + chunk.num_tokens} > {limit} "
+                f"(num_tokens {request.num_tokens}, placeholders "
+                f"{request.num_output_placeholders}, drafts {len(request.spec_token_ids)})"
             )
     return found
+
+
+def _chunk_end_limit(config: SchedulerConfig, queue: str, request: RequestState, start: int) -> int:
+    """R5: where a chunk from ``start`` may end: the request's tokens, placeholders and
+    (running) drafts; a one-token admission padded to ``1 + K``
+    (vllm-v1/spec-padded-new-decode); with drafts, below ``max_model_len``."""
+    if queue == "waiting" and speculative(config) and request.num_tokens - start == 1:
+        return start + 1 + config.num_speculative_tokens
+    limit = num_tokens_with_spec(request)
+    length = model_len(config)
+    if request.spec_token_ids and length is not None:
+        limit = min(limit, max(length - 1, request.num_tokens))
+    return limit
 
 
 def _queue_change_violations(before: SchedulerState, plan: StepPlan) -> list[str]:
@@ -497,7 +556,9 @@ def _queue_change_violations(before: SchedulerState, plan: StepPlan) -> list[str
 
 
 def _sampling_violations(before: SchedulerState, plan: StepPlan) -> list[str]:
-    """R10: exactly the chunks that complete a request sample; finishing follows EOS/length."""
+    """R10: exactly the chunks that complete a request sample; finishing follows EOS/length.
+    vllm-v1/spec-verify: a request's tokens are one run, at most its drafts plus one,
+    all but the last its drafts, cut after the token that stops it."""
     found: list[str] = []
     old = _index(before)
     if before.config.async_scheduling:
@@ -510,28 +571,41 @@ def _sampling_violations(before: SchedulerState, plan: StepPlan) -> list[str]:
         expected = [
             c.request_id
             for c in plan.scheduled
-            if c.request_id in old and c.start + c.num_tokens == old[c.request_id][1].num_tokens
+            if c.request_id in old and c.start + c.num_tokens >= old[c.request_id][1].num_tokens
         ]
-    got = [s.request_id for s in plan.sampled]
+    runs = plan_runs(plan)
+    got = list(runs)
     if got != expected:
         found.append(f"R10: sampled {got}, expected the completing chunks {expected}")
-    token_of = {s.request_id: s.token_id for s in plan.sampled}
-    expected_finished = [
-        rid
-        for rid in got
-        if rid in old and _expected_reason(before.config, old[rid][1], token_of[rid]) is not None
-    ]
+    if len(list(groupby(plan.sampled_ids))) != len(runs):
+        found.append(f"R10: a request's sampled tokens are not one run: {plan.sampled_ids}")
+    chunk_of = {c.request_id: c for c in plan.scheduled}
+    for rid, run in runs.items():
+        chunk = chunk_of.get(rid)
+        if rid not in old or chunk is None or before.config.async_scheduling:
+            continue
+        drafts = old[rid][1].spec_token_ids
+        num_drafts = num_drafts_run(old[rid][1], chunk.start, chunk.num_tokens)
+        if len(run) > num_drafts + 1 or run[:-1] != drafts[: len(run) - 1]:
+            found.append(f"R10: {rid!r} sampled {run}, its drafts {drafts[:num_drafts]}")
+    reasons = {
+        rid: _run_reason(before.config, old[rid][1], run) for rid, run in runs.items() if rid in old
+    }
+    expected_finished = [rid for rid in got if rid in reasons and reasons[rid][1] is not None]
     finished_ids = [f.request_id for f in plan.finished]
     if finished_ids != expected_finished:
         found.append(f"R10: finished {finished_ids}, expected {expected_finished}")
+    for rid, (delivered, _) in reasons.items():
+        if delivered != len(runs[rid]):
+            found.append(f"R10: {rid!r} sampled {runs[rid]} past the token that stopped it")
     for f in plan.finished:
-        if f.request_id not in old or f.request_id not in token_of:
+        if f.request_id not in reasons:
             continue
         request = old[f.request_id][1]
-        token = token_of[f.request_id]
-        if f.output_token_ids != (*request.output_token_ids, token):
+        run = runs[f.request_id]
+        if f.output_token_ids != (*request.output_token_ids, *run):
             found.append(f"R10: finished {f.request_id!r} reports outputs {f.output_token_ids}")
-        reason = _expected_reason(before.config, request, token)
+        reason = reasons[f.request_id][1]
         if f.finish_reason != reason:
             found.append(f"R10: {f.request_id!r} finished with {f.finish_reason}, not {reason}")
         victim = any(p.request_id == f.request_id for p in plan.preempted)  # async: stale stop
@@ -546,7 +620,7 @@ def _after_violations(before: SchedulerState, plan: StepPlan, after: SchedulerSt
     old = _index(before)
     chunk_of = {c.request_id: c for c in plan.scheduled}
     mode_of = {p.request_id: p.mode for p in plan.preempted}
-    token_of = {s.request_id: s.token_id for s in plan.sampled}
+    run_of = plan_runs(plan)
     finished = {f.request_id for f in plan.finished}
     admitted = _admitted(old, plan)
     admitted_set = set(admitted)
@@ -607,7 +681,7 @@ def _after_violations(before: SchedulerState, plan: StepPlan, after: SchedulerSt
         prev = old[rid][1]
         if request.request != prev.request:
             found.append(f"R1: request {rid!r} changed its identity or parameters")
-        want = _expected_progress(prev, chunk_of.get(rid), mode_of.get(rid), token_of.get(rid))
+        want = _expected_progress(prev, chunk_of.get(rid), mode_of.get(rid), run_of.get(rid))
         got = (request.output_token_ids, request.num_computed_tokens, request.num_preemptions)
         if got != want:
             found.append(
@@ -620,11 +694,11 @@ def _expected_progress(
     prev: RequestState,
     chunk: ScheduledChunk | None,
     mode: PreemptionMode | None,
-    token: int | None,
+    run: tuple[int, ...] | None,
 ) -> tuple[tuple[int, ...], int, int]:
     outputs = prev.output_token_ids
-    if token is not None:  # a victim's stale output is delivered too (async scheduling)
-        outputs = (*outputs, token)
+    if run is not None:  # a victim's stale output is delivered too (async scheduling)
+        outputs = (*outputs, *run)
     if mode is not None:
         if mode is PreemptionMode.SWAP:
             return outputs, prev.num_computed_tokens, prev.num_preemptions + 1
@@ -634,6 +708,8 @@ def _expected_progress(
     computed = prev.num_computed_tokens
     if chunk is not None:  # from the chunk's start: an admission may begin after a hit (PC4)
         computed = chunk.start + chunk.num_tokens
+        if run is not None:  # vllm-v1/spec-verify: the rejected drafts are rolled back
+            computed -= num_drafts_run(prev, chunk.start, chunk.num_tokens) - (len(run) - 1)
     return outputs, computed, prev.num_preemptions
 
 

@@ -51,6 +51,37 @@ def blocks_needed(num_computed_tokens: int, num_new_tokens: int, block_size: int
     )
 
 
+def blocks_to_grow(
+    num_computed_tokens: int, num_new_tokens: int, num_blocks_ahead: int, block_size: int
+) -> int:
+    """The new blocks a chunk takes from a request that holds ``num_blocks_ahead``
+    blocks past its computed tokens' (vllm-v1/spec-rejected-blocks-kept: its rejected
+    drafts' blocks, which the chunk fills first); ``blocks_needed`` without them.
+
+    pre: num_computed_tokens >= 0 and num_new_tokens >= 0 and num_blocks_ahead >= 0
+    pre: block_size >= 1
+    post: 0 <= __return__ <= blocks_needed(num_computed_tokens, num_new_tokens, block_size)
+    """
+    return max(0, blocks_needed(num_computed_tokens, num_new_tokens, block_size) - num_blocks_ahead)
+
+
+def table_blocks(
+    num_cached: int, num_computed_tokens: int, num_blocks_ahead: int, block_size: int
+) -> int:
+    """R2 for a running request: the blocks its table holds with ``num_cached`` tokens
+    cached (its computed count, or mid-step its chunk's end): ``cdiv(num_cached, bs)``,
+    or its blocks ahead of its computed tokens when they reach further
+    (vllm-v1/spec-rejected-blocks-kept).
+
+    pre: 0 <= num_computed_tokens <= num_cached
+    pre: num_blocks_ahead >= 0 and block_size >= 1
+    post: __return__ >= blocks_held(num_cached, block_size)
+    """
+    return max(
+        cdiv(num_cached, block_size), cdiv(num_computed_tokens, block_size) + num_blocks_ahead
+    )
+
+
 def max_cached_tokens(prompt_len: int, max_tokens: int) -> int:
     """R4: ``L = P + M - 1``, the most tokens a request ever holds in the cache.
 

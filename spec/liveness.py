@@ -12,12 +12,13 @@ from __future__ import annotations
 
 from spec.invariants import check_state  # noqa: F401  (used by the PEP 316 contracts)
 from spec.kv import cdiv
+from spec.oracle import TokenOracle
 from spec.profiles import (
     admits_after_swap_in,
     least_chunk,
     prefill_first,
 )
-from spec.scheduler import TokenOracle, step
+from spec.scheduler import step
 from spec.types import (
     PreemptionMode,
     RequestState,

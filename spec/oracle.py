@@ -16,6 +16,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+#: A pure next-token function: ``next_token(prompt + outputs so far) -> token id``.
+TokenOracle = Callable[[tuple[int, ...]], int]
+
 #: Draft tokens as a function of a request's tokens (prompt + outputs) alone.
 Drafter = Callable[[tuple[int, ...]], tuple[int, ...]]
 

@@ -72,7 +72,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Mapping
 
-from spec.kv import cdiv
+from spec.kv import cdiv, table_blocks
 from spec.profiles import nano_caching
 from spec.types import PrefixCacheState, RequestState, SchedulerConfig
 
@@ -413,10 +413,10 @@ def grow(
 
     pre: 0 <= start <= min(end, len(tokens))
     pre: len(set(cache.free_queue)) == len(cache.free_queue) and len(set(held)) == len(held)
-    pre: len(held) <= cdiv(end, config.block_size) <= len(held) + len(touch(cache, held).free_queue)
-    post: grown(held, cdiv(end, config.block_size), *__return__)
+    pre: cdiv(end, config.block_size) <= len(held) + len(touch(cache, held).free_queue)
+    post: grown(held, max(len(held), cdiv(end, config.block_size)), *__return__)
     """
-    cache, new = take(touch(cache, held), cdiv(end, config.block_size) - len(held))
+    cache, new = take(touch(cache, held), max(0, cdiv(end, config.block_size) - len(held)))
     block_ids = (*held, *new)
     known = min(end, len(tokens))
     return key_blocks(config, cache, tokens, block_ids, start=start, end=known), block_ids
@@ -535,7 +535,8 @@ def pool_violations(
     is left out, since nano-vllm/last-key-wins does not keep it, and
     ``nano_pool_violations`` is added.
 
-    Between steps a running request holds ``cdiv(computed, bs)`` blocks; in the middle
+    Between steps a running request holds ``cdiv(computed, bs)`` blocks (and its blocks
+    ahead, vllm-v1/spec-rejected-blocks-kept: ``table_blocks``); in the middle
     of a step a scheduled one already holds the blocks of its chunk, which
     ``extra_tokens`` (request id -> chunk size) adds to its computed count.
     """
@@ -568,8 +569,11 @@ def pool_violations(
         computed = request.num_computed_tokens + extra.get(rid, 0)
         if len(set(ids)) != len(ids):
             found.append(f"PC1: request {rid!r} holds a block twice")
-        if len(ids) != -(-computed // block_size):
-            found.append(f"PC1: request {rid!r} holds {len(ids)} blocks for {computed} tokens")
+        if len(ids) != _table_length(request, computed, block_size):
+            found.append(
+                f"PC1: request {rid!r} holds {len(ids)} blocks for {computed} tokens "
+                f"({request.num_blocks_ahead} ahead)"
+            )
         tokens = request_tokens(request)
         for index, held in enumerate(ids):
             held_key = key_of.get(held)
@@ -588,6 +592,15 @@ def pool_violations(
     if nano:
         found.extend(nano_pool_violations(cache))
     return found
+
+
+def _table_length(request: RequestState, computed: int, block_size: int) -> int:
+    """PC1: the blocks ``request`` should hold with ``computed`` tokens cached (-1, never
+    a length, for a malformed request: counts below zero)."""
+    if min(computed, request.num_computed_tokens, request.num_blocks_ahead) < 0:
+        return -1
+    cached = max(computed, request.num_computed_tokens)
+    return table_blocks(cached, request.num_computed_tokens, request.num_blocks_ahead, block_size)
 
 
 def nano_pool_violations(cache: PrefixCacheState) -> list[str]:

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from fractions import Fraction
 from typing import TypedDict
 
-from spec.kv import blocks_needed, cdiv, never_fits
+from spec.kv import blocks_needed, blocks_to_grow, cdiv, never_fits, table_blocks
 from spec.types import (
     RequestState,
     SchedulerConfig,
@@ -278,6 +278,16 @@ def num_tokens_with_placeholders(request: RequestState) -> int:
     return request.num_tokens + request.num_output_placeholders
 
 
+def num_tokens_with_spec(request: RequestState) -> int:
+    """**vllm-v1/spec-drafts-scheduled**: where a running request's chunk may end, its
+    placeholders' end plus its drafts (vLLM's ``num_tokens_with_spec +
+    num_output_placeholders``; a request has drafts only without async scheduling).
+
+    post: __return__ == num_tokens_with_placeholders(request) + len(request.spec_token_ids)
+    """
+    return num_tokens_with_placeholders(request) + len(request.spec_token_ids)
+
+
 def in_flight_reaches_the_end(config: SchedulerConfig, request: RequestState) -> bool:
     """**vllm-v1/async-max-tokens**: phase A walks past (it does not stop at) a running
     request whose outputs in flight already end it by length: with placeholders ``p >
@@ -394,20 +404,23 @@ def reserved_blocks(config: SchedulerConfig) -> int:
 
 
 def blocks_to_run_by_profile(
-    config: SchedulerConfig, computed: int, num_tokens: int, blocks: int
+    config: SchedulerConfig, computed: int, num_tokens: int, ahead: int, blocks: int
 ) -> bool:
-    """The blocks the tokens need; under vllm-v0 also the partly filled last block they
-    write into (a decode that fits its last block still asks for one)."""
+    """The blocks the tokens need past those held ahead; under vllm-v0 also the partly
+    filled last block they write into (a decode that fits its last block still asks
+    for one)."""
     bs = config.block_size
-    touched = config.semantics is Semantics.VLLM_V0 and computed % bs > 0
-    return blocks == blocks_needed(computed, num_tokens, bs) + touched
+    if config.semantics is Semantics.VLLM_V0:
+        return blocks == blocks_needed(computed, num_tokens, bs) + (computed % bs > 0)
+    return blocks == blocks_to_grow(computed, num_tokens, ahead, bs)
 
 
-def blocks_to_run(config: SchedulerConfig, computed: int, num_tokens: int) -> int:
+def blocks_to_run(config: SchedulerConfig, computed: int, num_tokens: int, ahead: int = 0) -> int:
     """Phase A's test for a running request's chunk of ``num_tokens`` from ``computed``:
     it preempts while fewer blocks than this are free (R5 step 3).
 
-    kvsched: the blocks the chunk takes (``blocks_needed``).
+    kvsched: the blocks the chunk takes (``blocks_needed``; past the ``ahead`` blocks a
+    request holds for its rejected drafts, vllm-v1/spec-rejected-blocks-kept).
     **vllm-v0/append-touches-last-block** (V0-3): every block the chunk writes into, its
     partially filled last block included, ``cdiv(computed + n, bs) - computed // bs``:
     V0's ``can_append_slots`` counts the blocks the new tokens touch
@@ -417,13 +430,14 @@ def blocks_to_run(config: SchedulerConfig, computed: int, num_tokens: int) -> in
     when its token fits its last block; it then takes only the blocks it needs.
 
     pre: config.block_size >= 1
-    pre: computed >= 0 and num_tokens >= 1
-    post: blocks_to_run_by_profile(config, computed, num_tokens, __return__)
+    pre: computed >= 0 and num_tokens >= 1 and ahead >= 0
+    pre: config.semantics is not Semantics.VLLM_V0 or ahead == 0
+    post: blocks_to_run_by_profile(config, computed, num_tokens, ahead, __return__)
     """
     bs = config.block_size
     if config.semantics is Semantics.VLLM_V0:
         return cdiv(computed + num_tokens, bs) - computed // bs
-    return blocks_needed(computed, num_tokens, bs)
+    return blocks_to_grow(computed, num_tokens, ahead, bs)
 
 
 # --- nano-vllm rules (N1-N4) -----------------------------------------------------------
@@ -572,12 +586,21 @@ def offloads_starved(config: SchedulerConfig) -> bool:
 
 
 def tracks_decoding(config: SchedulerConfig) -> bool:
-    """Whether ``RequestState.decoding`` is kept (transformers/safety-margin and
-    tokenspeed/prefill-first read it).
+    """Whether ``RequestState.decoding`` is kept (transformers/safety-margin,
+    tokenspeed/prefill-first and vllm-v1/spec-padded-new-decode read it: vLLM's
+    ``not is_prefill_chunk``).
 
-    post: __return__ == (offloads_starved(config) or reserves_generation(config))
+    post: __return__ == any(f(config) for f in (offloads_starved, reserves_generation, speculative))
     """
-    return offloads_starved(config) or reserves_generation(config)
+    return offloads_starved(config) or reserves_generation(config) or speculative(config)
+
+
+def speculative(config: SchedulerConfig) -> bool:
+    """Whether the config decodes speculatively (vllm-v1/spec-*, ``spec.speculative``).
+
+    post: __return__ == (config.num_speculative_tokens > 0)
+    """
+    return config.num_speculative_tokens > 0
 
 
 def single_prefill_violations(
@@ -590,7 +613,7 @@ def single_prefill_violations(
 
     post: isinstance(__return__, list)
     """
-    if not tracks_decoding(config):
+    if not (offloads_starved(config) or reserves_generation(config)):
         return []
     prefilling = [k for k, r in enumerate(running) if not r.decoding]
     if len(prefilling) > 1:
@@ -797,17 +820,22 @@ def gpu_blocks_owned(config: SchedulerConfig, request: RequestState, num_cached:
     """R2 by profile: the GPU blocks a running request owns with ``num_cached`` tokens
     cached (its computed count, plus its chunk in the middle of a step).
 
-    ``cdiv(num_cached, bs)``; under tokenspeed/reserve-generation its reserve,
+    ``cdiv(num_cached, bs)``, or with blocks ahead (vllm-v1/spec-rejected-blocks-kept)
+    ``cdiv(computed, bs) + num_blocks_ahead`` where that is more (``table_blocks``);
+    under tokenspeed/reserve-generation its reserve,
     ``generation_blocks``, from admission until it finishes (a live request's, within
     ``RETRACTION_SAFE_STEPS``).
 
-    pre: num_cached >= 0
+    pre: 0 <= request.num_computed_tokens <= num_cached
+    pre: request.num_blocks_ahead >= 0
     pre: not reserves_generation(config) or live_within_reserve(request)
     post: __return__ >= 0
     """
     if reserves_generation(config):
         return generation_blocks(config, request)
-    return cdiv(num_cached, config.block_size)
+    return table_blocks(
+        num_cached, request.num_computed_tokens, request.num_blocks_ahead, config.block_size
+    )
 
 
 def chunk_blocks(
@@ -818,18 +846,22 @@ def chunk_blocks(
     request is running, holding its ``cdiv(start, bs)`` blocks (else it is admitted or
     swapped in, holding none).
 
-    ``cdiv(end, bs)`` less what it holds; under tokenspeed/reserve-generation an
+    ``cdiv(end, bs)`` less what it holds (its blocks ahead too, ``blocks_to_grow``);
+    under tokenspeed/reserve-generation an
     admission takes its whole reserve (``generation_blocks``) and a running request's
     chunk none.
 
     pre: 0 <= start <= end
+    pre: request.num_blocks_ahead >= 0
     pre: live_within_reserve(request)
     post: __return__ >= 0
     """
     if reserves_generation(config):
         return 0 if on_gpu else generation_blocks(config, request)
     bs = config.block_size
-    return cdiv(end, bs) - (cdiv(start, bs) if on_gpu else 0)
+    if on_gpu:
+        return blocks_to_grow(start, end - start, request.num_blocks_ahead, bs)
+    return cdiv(end, bs)
 
 
 def liveness_proved(config: SchedulerConfig) -> bool:

@@ -27,6 +27,7 @@ from spec.profiles import (
     stale_output_in_flight,
     whole_sequence_admissible,
 )
+from spec.speculative import pads
 from spec.types import PrefixCacheState, RequestState, SchedulerConfig, SchedulerState, StepPlan
 
 
@@ -45,6 +46,10 @@ class _Left:
     seats: int
     cache: PrefixCacheState | None
     cap: int
+    #: vllm-v1/spec-padded-new-decode reads them: a running request's chunk among those
+    #: chunks, and one of a request mid-prefill.
+    running_scheduled: bool = False
+    prefill_scheduled: bool = False
 
 
 def _left_after(before: SchedulerState, plan: StepPlan, upto: int) -> _Left:
@@ -69,12 +74,16 @@ def _left_after(before: SchedulerState, plan: StepPlan, upto: int) -> _Left:
     free = before.num_free_gpu_blocks
     cache = before.prefix_cache
     seats = config.max_num_seqs - (len(before.running) if running_capped(config) else 0)
+    running_scheduled = prefill_scheduled = False
     for chunk in plan.scheduled[:upto]:
         end = chunk.start + chunk.num_tokens
         budget -= chunk.num_tokens
         held = by_id.get(chunk.request_id)
         if held is None:
             seats -= 1
+        else:
+            running_scheduled = True
+            prefill_scheduled |= not held.decoding
         if cache is None:
             request = held if held is not None else _find(before, chunk.request_id)
             free -= chunk_blocks(config, request, chunk.start, end, on_gpu=held is not None)
@@ -87,7 +96,9 @@ def _left_after(before: SchedulerState, plan: StepPlan, upto: int) -> _Left:
             owned = longest_hit(cache, tokens, bs)[: chunk.start // bs]
         cache, _ = grow(config, cache, tokens, owned, start=chunk.start, end=end)
         free = len(cache.free_queue)
-    return _Left(budget, free, seats, cache, long_prefill_cap(before))
+    return _Left(
+        budget, free, seats, cache, long_prefill_cap(before), running_scheduled, prefill_scheduled
+    )
 
 
 def _find(before: SchedulerState, request_id: str) -> RequestState:
@@ -110,7 +121,9 @@ def _fits(request: RequestState, config: SchedulerConfig, left: _Left, hit: tupl
     (``hit``, from ``_hit``: the pool as the earlier chunks left it, PC3), only the ``n``
     tokens after the hit are charged to the budget, and it needs its
     ``cdiv(h + n, bs) - k`` new blocks plus the hit blocks that sit in the free queue (PC4).
-    Its chunk is cut to the step's cap first, as phase C cuts it.
+    Its chunk is cut to the step's cap first, as phase C cuts it; under
+    vllm-v1/spec-padded-new-decode a one-token chunk is padded to ``1 + K`` and fits
+    only padded.
     """
     if left.seats <= 0 or left.budget <= 0:
         return 0
@@ -119,6 +132,14 @@ def _fits(request: RequestState, config: SchedulerConfig, left: _Left, hit: tupl
     start = request.num_computed_tokens + num_hit * bs
     remaining = capped(request.num_tokens - start, left.cap)  # vllm-v1/long-prefill-cap
     n = chunk_for_prefill(remaining, left.budget, config.enable_chunked_prefill)
+    if pads(
+        config,
+        start=start,
+        num_tokens=request.num_tokens - start,
+        prefill_scheduled=left.prefill_scheduled,
+        running_scheduled=left.running_scheduled,
+    ):
+        n = 1 + config.num_speculative_tokens
     need = chunk_blocks(config, request, start, start + n, on_gpu=False) - num_hit + evictable
     if n > left.budget or need > left.free - reserved_blocks(config):  # vllm-v0/watermark
         return 0

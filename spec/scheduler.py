@@ -20,7 +20,7 @@ blocks grow from ``cdiv(computed, bs)`` to ``cdiv(computed + n, bs)``, taken fro
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from spec.invariants import (
@@ -32,8 +32,9 @@ from spec.invariants import (
     live_ids_sorted,
     outputs_extended,
 )
-from spec.kv import blocks_held, blocks_needed, cdiv, chunk_for_prefill
+from spec.kv import blocks_held, blocks_to_grow, cdiv, chunk_for_prefill, table_blocks
 from spec.lifecycle import has_requests
+from spec.oracle import Drafter, TokenOracle
 from spec.policies import (
     Policy,
     always_admit,
@@ -68,10 +69,12 @@ from spec.profiles import (
     long_prefill_cap,
     next_victim,
     num_tokens_with_placeholders,
+    num_tokens_with_spec,
     offloads_starved,
     reserved_blocks,
     reserves_generation,
     running_capped,
+    speculative,
     stale_output_in_flight,
     step_token_limit,
     tracks_decoding,
@@ -81,6 +84,16 @@ from spec.profiles import (
 )
 from spec.progress import progress_violations
 from spec.reserve import schedule_reserving
+from spec.speculative import (
+    blocks_ahead_after,
+    capped_to_model_len,
+    drafts_scheduled,
+    padded,
+    pads,
+    update_draft_token_ids,
+    valid_run,
+    verify,
+)
 from spec.types import (
     FinishedRequest,
     FinishReason,
@@ -96,9 +109,6 @@ from spec.types import (
     SchedulerState,
     StepPlan,
 )
-
-TokenOracle = Callable[[tuple[int, ...]], int]
-"""A pure next-token function: ``next_token(prompt + outputs so far) -> token id``."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -242,6 +252,8 @@ def swap_out(victim: RequestState) -> RequestState:
 
 def recompute(victim: RequestState) -> RequestState:
     """R6 recompute: ``computed = 0``, outputs kept; it re-prefills prompt + outputs.
+    Its drafts go (vllm-v1/spec-propose: ``_preempt_request`` clears ``spec_token_ids``,
+    ``scheduler.py:1594-1595``) with the blocks they held.
 
     post: preempted_as(victim, __return__, 0, victim.output_token_ids)
     """
@@ -249,6 +261,9 @@ def recompute(victim: RequestState) -> RequestState:
         victim,
         num_computed_tokens=0,
         num_preemptions=victim.num_preemptions + 1,
+        spec_token_ids=(),
+        num_blocks_ahead=0,
+        decoding=False,
         # vllm-v1/async-stale-output: what is in flight is stale; its placeholders go.
         num_output_placeholders=0,
         num_stale_output_tokens=victim.num_in_flight_tokens,
@@ -321,11 +336,12 @@ def victim_released(  # noqa: PLR0917  (release_victim's arguments, as its contr
     """``release_victim``'s contract: the GPU pool gets back exactly what the victim held
     alone (all ``cdiv(held, bs)`` blocks with caching off; with it on, its block ids no
     other running request holds, and it holds none after), and the CPU pool gives
-    exactly the blocks of a swap's kept computed tokens."""
+    exactly the blocks of a swap's kept computed tokens (``table_blocks``: with the blocks
+    it holds ahead, vllm-v1/spec-rejected-blocks-kept)."""
     after, mode, free_after, free_cpu_after, _ = released
     bs = config.block_size
     if cache is None:
-        alone = blocks_held(held, bs)
+        alone = table_blocks(held, victim.num_computed_tokens, victim.num_blocks_ahead, bs)
     else:
         alone = len(set(victim.block_ids) - holders(others).keys())
     swapped = blocks_held(after.num_computed_tokens, bs) if mode is PreemptionMode.SWAP else 0
@@ -361,6 +377,7 @@ def release_victim(
     victim held alone before and holds after.
 
     pre: 0 <= victim.num_computed_tokens <= held
+    pre: victim.num_blocks_ahead >= 0
     pre: free >= 0 and free_cpu >= 0
     pre: cache is None or free == len(cache.free_queue)
     pre: len(set(victim.block_ids)) == len(victim.block_ids)
@@ -369,7 +386,7 @@ def release_victim(
     bs = config.block_size
     after, mode = preempt(victim, config, free_cpu)
     if cache is None:
-        free += blocks_held(held, bs)
+        free += table_blocks(held, victim.num_computed_tokens, victim.num_blocks_ahead, bs)
     else:  # PC6, PC7: shared blocks stay with their other holders
         cache = release_blocks(config, cache, victim.block_ids, holders(others))
         free = len(cache.free_queue)
@@ -477,8 +494,11 @@ def schedule_running(draft: StepDraft) -> StepDraft:
 
     1. ``n = min(num_tokens - computed, budget)`` (a decode is 1 token; a request in the
        middle of a chunked prefill takes the rest of its prompt, capped by the budget,
-       and first by the step's ``long_prefill_cap`` under vllm-v1/long-prefill-cap);
-    2. ``need = cdiv(computed + n, bs) - cdiv(computed, bs)``;
+       and first by the step's ``long_prefill_cap`` under vllm-v1/long-prefill-cap;
+       under vllm-v1/spec-drafts-scheduled its drafts count in ``num_tokens``, and the
+       chunk ends at ``max_model_len - 1`` at most);
+    2. ``need = cdiv(computed + n, bs) - cdiv(computed, bs)`` (less the blocks it holds
+       ahead, vllm-v1/spec-rejected-blocks-kept);
     3. while ``need > free`` (vllm-v0/append-touches-last-block: while fewer blocks are
        free than the chunk writes into, ``blocks_to_run``): the policy picks a victim
        among the candidates ``running[i:]`` (never one already scheduled in this step)
@@ -535,10 +555,11 @@ def schedule_running(draft: StepDraft) -> StepDraft:
             i += 1
             continue
         computed = request.num_computed_tokens
-        remaining = num_tokens_with_placeholders(request) - computed
+        ahead = request.num_blocks_ahead
+        remaining = capped_to_model_len(config, request, num_tokens_with_spec(request) - computed)
         n = remaining if unbudgeted else running_chunk(remaining, budget, draft.long_prefill_cap)
-        need = blocks_needed(computed, n, bs)
-        while blocks_to_run(config, computed, n) > free:
+        need = blocks_to_grow(computed, n, ahead, bs)
+        while blocks_to_run(config, computed, n, ahead) > free:
             k = profile_victim(config, policy, tuple(running), i)
             victim = running.pop(k)
             held = victim.num_computed_tokens
@@ -830,6 +851,10 @@ def admit_waiting(draft: StepDraft) -> StepDraft:
     (PC3, PC4): ``n`` is taken from ``num_tokens - h``, step 3 counts the new blocks
     plus the hit blocks that are free, and the request's computed count becomes ``h``.
 
+    Under vllm-v1/spec-padded-new-decode a one-token chunk may be padded to ``1 + K``
+    (``spec.speculative.pads``): the padded chunk must fit the budget, or admission
+    stops there, and its blocks must fit as any chunk's.
+
     ``waiting`` keeps its stored order, minus the admitted requests. The gate sees the
     mid-step state with the requests admitted before it in this step. Its input is a
     mid-step value, as for ``swap_in_requests``.
@@ -852,6 +877,10 @@ def admit_waiting(draft: StepDraft) -> StepDraft:
     chunks: list[ScheduledChunk] = []
     seats = config.max_num_seqs - (len(running) if running_capped(config) else 0)
     reserve = reserved_blocks(config)  # vllm-v0/watermark
+    # vllm-v1/spec-padded-new-decode reads what phase A scheduled.
+    by_id = _running_by_id(state)
+    prefill_scheduled = any(not by_id[c.request_id].decoding for c in draft.scheduled)
+    running_scheduled = bool(draft.scheduled)
     for candidate in policy.order_waiting(state.waiting):
         request = candidate
         if len(chunks) >= seats or budget == 0:
@@ -866,15 +895,30 @@ def admit_waiting(draft: StepDraft) -> StepDraft:
             hit = longest_hit(cache, request_tokens(request), bs)
             evictable = num_evictable(cache, hit)
         start = len(hit) * bs
-        n = prefill_fit(
-            request,
+        room = max(free - evictable - reserve, 0)
+        pad = pads(
             config,
             start=start,
-            num_hit=len(hit),
-            budget=budget,
-            free=max(free - evictable - reserve, 0),
-            cap=draft.long_prefill_cap,
+            num_tokens=request.num_tokens - start,
+            prefill_scheduled=prefill_scheduled,
+            running_scheduled=running_scheduled,
         )
+        if pad:  # vllm-v1/spec-padded-new-decode: padded, or not admitted at all
+            n = 1 + config.num_speculative_tokens
+            if n > budget:
+                break
+            if cdiv(start + n, bs) - len(hit) > room:
+                n = 0
+        else:
+            n = prefill_fit(
+                request,
+                config,
+                start=start,
+                num_hit=len(hit),
+                budget=budget,
+                free=room,
+                cap=draft.long_prefill_cap,
+            )
         if n == 0 or not full_sequence_fits(
             config, request, free, num_hit=len(hit), num_evictable=evictable
         ):
@@ -892,6 +936,8 @@ def admit_waiting(draft: StepDraft) -> StepDraft:
                 config, cache, request_tokens(request), hit, start=start, end=start + n
             )
             request = replace(candidate, num_computed_tokens=start, block_ids=block_ids)
+        if pad:
+            request = padded(request, config)
         running.append(request)
         admitted.add(request.request_id)
         chunks.append(ScheduledChunk(request_id=request.request_id, start=start, num_tokens=n))
@@ -1052,28 +1098,42 @@ def finish_reason(
 def _sampled_into(
     config: SchedulerConfig, request: RequestState, token: int
 ) -> tuple[tuple[int, ...], FinishedRequest | None]:
-    """R10 for a request that samples ``token``: its outputs with the token appended, and
-    its report if ``finish_reason`` stops it (``complete_step``; applying a step under
-    async scheduling, ``spec.pipeline``). No contract of its own: CrossHair would assume
-    it in place of the body while it analyses those callers, and ``complete_step``'s
-    contract is what checks it.
+    """R10 for a request that samples ``token``: ``_run_into`` for a run of one
+    (applying a step under async scheduling, ``spec.pipeline``)."""
+    outputs, done, _ = _run_into(config, request, (token,))
+    return outputs, done
+
+
+def _run_into(
+    config: SchedulerConfig, request: RequestState, run: tuple[int, ...]
+) -> tuple[tuple[int, ...], FinishedRequest | None, tuple[int, ...]]:
+    """R10 for a request that samples the tokens of ``run`` (one, or under
+    vllm-v1/spec-verify its accepted drafts and one more), appended one at a time,
+    each followed by the stop checks (``_update_request_with_output``,
+    ``scheduler.py:2493-2510``): its outputs after, its report if ``finish_reason``
+    stops it, and the tokens delivered (the run, cut after the token that stopped it).
+    No contract of its own: CrossHair would assume it in place of the body while it
+    analyses those callers, and ``complete_step``'s contract is what checks it.
     """
-    outputs = (*request.output_token_ids, token)
-    reason = finish_reason(
-        config,
-        request.request.params,
-        token,
-        len(request.request.prompt_token_ids) + len(outputs),
-        len(outputs),
-    )
-    if reason is None:
-        return outputs, None
-    return outputs, FinishedRequest(
-        request_id=request.request_id,
-        output_token_ids=outputs,
-        finish_reason=reason,
-        num_preemptions=request.num_preemptions,
-    )
+    outputs = request.output_token_ids
+    prompt_len = len(request.request.prompt_token_ids)
+    for k, token in enumerate(run):
+        outputs = (*outputs, token)
+        reason = finish_reason(
+            config, request.request.params, token, prompt_len + len(outputs), len(outputs)
+        )
+        if reason is not None:
+            return (
+                outputs,
+                FinishedRequest(
+                    request_id=request.request_id,
+                    output_token_ids=outputs,
+                    finish_reason=reason,
+                    num_preemptions=request.num_preemptions,
+                ),
+                run[: k + 1],
+            )
+    return outputs, None, run
 
 
 def _running_by_id(state: SchedulerState) -> dict[str, RequestState]:
@@ -1095,7 +1155,7 @@ def plan_matches(state_mid: SchedulerState, plan: StepPlan) -> bool:
         seen.add(chunk.request_id)
         if chunk.start != request.num_computed_tokens:
             return False
-        if not 1 <= chunk.num_tokens <= num_tokens_with_placeholders(request) - chunk.start:
+        if not 1 <= chunk.num_tokens <= num_tokens_with_spec(request) - chunk.start:
             return False
     return True
 
@@ -1104,9 +1164,10 @@ def samples(request: RequestState, start: int, num_tokens: int) -> bool:
     """R10: a chunk samples a token when it brings ``computed`` up to ``num_tokens``
     (under async scheduling, plus the placeholders: vllm-v1/async-placeholders).
 
-    That is when the prefill is complete, or for every decode.
+    That is when the prefill is complete, or for every decode (with its drafts, under
+    vllm-v1/spec-drafts-scheduled, past ``num_tokens``).
     """
-    return start + num_tokens == num_tokens_with_placeholders(request)
+    return start + num_tokens >= num_tokens_with_placeholders(request)
 
 
 def sampling_request_ids(state_mid: SchedulerState, plan: StepPlan) -> tuple[str, ...]:
@@ -1141,27 +1202,43 @@ def step_completed(
     after: SchedulerState,
     done: StepPlan,
 ) -> bool:
-    """``complete_step``'s contract: GPU blocks conserved (free + in use after = free + in
-    use with the chunks before) and free only grows; CPU pool, ``waiting`` and
-    ``swapped`` untouched; outputs only appended, one token per sampling request; no
-    running request left with ``max_tokens`` outputs or its EOS (R10); one step more.
-    Under async scheduling: ``spec.pipeline.async_step_completed``."""
+    """``complete_step``'s contract: ``runs_completed`` with a run of one token per
+    sampling request. Under async scheduling: ``spec.pipeline.async_step_completed``."""
     if state_mid.config.async_scheduling:
         from spec.pipeline import async_step_completed  # noqa: PLC0415  (it builds on this module)
 
         return async_step_completed(state_mid, plan, tokens, after, done)
+    return runs_completed(state_mid, plan, _runs_of(tokens), after, done)
+
+
+def runs_completed(
+    state_mid: SchedulerState,
+    plan: StepPlan,
+    runs: Mapping[str, tuple[int, ...]],
+    after: SchedulerState,
+    done: StepPlan,
+) -> bool:
+    """``complete_verified_step``'s contract: GPU blocks conserved (free + in use after =
+    free + in use with the chunks before) and free only grows; CPU pool, ``waiting`` and
+    ``swapped`` untouched; outputs only appended, each sampling request's run (a
+    finished one's cut after its stop); no running request left with ``max_tokens``
+    outputs or its EOS (R10); one step more."""
     gpu_before = state_mid.num_free_gpu_blocks + blocks_in_use(state_mid, plan.scheduled)[0]
     untouched = (state_mid.num_free_cpu_blocks, state_mid.swapped, state_mid.waiting)
     return (
         after.num_free_gpu_blocks + blocks_in_use(after)[0] == gpu_before
         and after.num_free_gpu_blocks >= state_mid.num_free_gpu_blocks
         and (after.num_free_cpu_blocks, after.swapped, after.waiting) == untouched
-        and outputs_extended(state_mid, tokens, after, done.finished)
-        and len(done.sampled) == len(tokens)
+        and outputs_extended(state_mid, runs, after, done.finished)
+        and len(done.sampled) <= sum(len(run) for run in runs.values())
         and all(len(r.output_token_ids) < r.request.params.max_tokens for r in after.running)
         and not any(eos_sampled(r) for r in after.running)
         and after.num_steps == state_mid.num_steps + 1
     )
+
+
+def _runs_of(tokens: Mapping[str, int]) -> dict[str, tuple[int, ...]]:
+    return {request_id: (token,) for request_id, token in tokens.items()}
 
 
 def complete_step(
@@ -1171,17 +1248,8 @@ def complete_step(
 
     ``state_mid`` and ``plan`` are what ``schedule`` returned; ``tokens`` maps exactly
     the ids of ``sampling_request_ids(state_mid, plan)`` to their sampled token, else
-    ``SampledTokensError`` (and nothing changes).
-
-    For each scheduled chunk, in plan order: ``computed += n``. If now
-    ``computed == num_tokens``, the request samples one token, appended to its outputs
-    and to the plan's ``sampled``. Then it finishes (``finish_reason``): EOS first
-    (reason ``stop``, the token is kept), then ``max_tokens`` outputs (``length``). A
-    finished request leaves ``running``, its ``cdiv(computed, bs)`` GPU blocks are
-    freed, and it is appended to the plan's ``finished`` (R3). ``num_steps`` goes up by
-    one, even for an empty step. Under transformers and tokenspeed a request that sampled
-    is decoding (``RequestState.decoding``); under transformers/admission-frozen a
-    finished request unfreezes admission.
+    ``SampledTokensError`` (and nothing changes). It is ``complete_verified_step`` with
+    a run of one token each (under speculative decoding: every draft rejected).
 
     Under async scheduling the step is ``spec.pipeline.complete_async_step``'s instead.
 
@@ -1193,26 +1261,64 @@ def complete_step(
         from spec.pipeline import complete_async_step  # noqa: PLC0415  (it builds on this module)
 
         return complete_async_step(state_mid, plan, tokens)
+    return complete_verified_step(state_mid, plan, _runs_of(tokens))
+
+
+def complete_verified_step(
+    state_mid: SchedulerState, plan: StepPlan, runs: Mapping[str, tuple[int, ...]]
+) -> tuple[SchedulerState, StepPlan]:
+    """Phase D (R10, vllm-v1/spec-verify), synchronous: apply each sampling request's
+    run of tokens; finish requests; end the step.
+
+    ``runs`` maps exactly the ids of ``sampling_request_ids(state_mid, plan)`` to the
+    tokens each sampled: without drafts one; with ``d`` drafts scheduled
+    (``spec.speculative.drafts_scheduled``) 1 to ``d + 1``, all but the last the drafts
+    accepted (``valid_run``), else ``SampledTokensError`` (and nothing changes).
+
+    For each scheduled chunk, in plan order: ``computed += n``. If now ``computed >=
+    num_tokens``, the request samples its run: ``computed`` goes back by the drafts
+    rejected (``d - (len(run) - 1)``; its blocks stay, ``num_blocks_ahead``,
+    vllm-v1/spec-rejected-blocks-kept), its drafts are cleared, and the tokens are
+    appended to its outputs and to the plan's ``sampled`` one at a time, each followed
+    by ``finish_reason``: EOS first (reason ``stop``, the token is kept), then
+    ``max_tokens`` outputs or ``max_model_len`` tokens (``length``); a stop drops the
+    rest of the run. A finished request leaves ``running``, all its GPU blocks are
+    freed, and it is appended to the plan's ``finished`` (R3). ``num_steps`` goes up by
+    one, even for an empty step. Under transformers, tokenspeed and speculative
+    decoding a request that sampled is decoding (``RequestState.decoding``); under
+    transformers/admission-frozen a finished request unfreezes admission.
+
+    pre: not state_mid.config.async_scheduling
+    pre: plan_matches(state_mid, plan)
+    post: runs_completed(state_mid, plan, runs, *__return__)
+    raises: SampledTokensError
+    """
+    config = state_mid.config
+    bs = config.block_size
     by_id = _running_by_id(state_mid)
     updated: dict[str, RequestState | None] = {}
     sampled_ids: list[str] = []
     sampled_token_ids: list[int] = []
     finished: list[FinishedRequest] = []
+    num_sampling = 0
     freed = 0
     for request_id, start, n in zip(
         plan.scheduled_ids, plan.num_computed_tokens, plan.num_scheduled_tokens, strict=True
     ):
         request = by_id[request_id]
-        computed = start + n
-        if computed < request.num_tokens:
-            updated[request_id] = replace(request, num_computed_tokens=computed)
+        end = start + n
+        if end < request.num_tokens:
+            updated[request_id] = replace(request, num_computed_tokens=end)
             continue
-        token = tokens.get(request_id)
-        if token is None:
-            raise _tokens_mismatch(state_mid, plan, tokens)
-        outputs, done = _sampled_into(state_mid.config, request, token)
-        sampled_ids.append(request_id)
-        sampled_token_ids.append(token)
+        run = runs.get(request_id)
+        drafts = drafts_scheduled(request, start, n)
+        if run is None or not valid_run(drafts, tuple(run)):
+            raise _tokens_mismatch(state_mid, plan, runs)
+        num_sampling += 1
+        computed = end - (len(drafts) - (len(run) - 1))
+        outputs, done, delivered = _run_into(config, request, tuple(run))
+        sampled_ids.extend(request_id for _ in delivered)
+        sampled_token_ids.extend(delivered)
         if done is None:
             updated[request_id] = RequestState(
                 request=request.request,
@@ -1220,14 +1326,15 @@ def complete_step(
                 num_computed_tokens=computed,
                 num_preemptions=request.num_preemptions,
                 block_ids=request.block_ids,
-                decoding=tracks_decoding(state_mid.config),
+                decoding=tracks_decoding(config),
+                num_blocks_ahead=blocks_ahead_after(request, start, n, computed, bs),
             )
         else:
             updated[request_id] = None
-            freed += gpu_blocks_owned(state_mid.config, request, computed)
+            freed += gpu_blocks_owned(config, request, end)
             finished.append(done)
-    if len(sampled_ids) != len(tokens):
-        raise _tokens_mismatch(state_mid, plan, tokens)
+    if num_sampling != len(runs):
+        raise _tokens_mismatch(state_mid, plan, runs)
     running = tuple(
         new for new in (updated.get(r.request_id, r) for r in state_mid.running) if new is not None
     )
@@ -1238,7 +1345,7 @@ def complete_step(
         for done in finished:
             blocks = by_id[done.request_id].block_ids
             still_held.subtract(blocks)
-            cache = release_blocks(state_mid.config, cache, blocks, still_held)
+            cache = release_blocks(config, cache, blocks, still_held)
         freed = len(cache.free_queue) - state_mid.num_free_gpu_blocks
     new_state = replace(
         state_mid,
@@ -1247,7 +1354,7 @@ def complete_step(
         num_steps=state_mid.num_steps + 1,
         prefix_cache=cache,
         admission_frozen=admission_frozen_after(state_mid.admission_frozen, False, bool(finished)),
-        ids_held=held_after_finish(state_mid.config, tuple(f.request_id for f in finished)),
+        ids_held=held_after_finish(config, tuple(f.request_id for f in finished)),
     )
     return new_state, replace(
         plan,
@@ -1258,13 +1365,23 @@ def complete_step(
 
 
 def _tokens_mismatch(
-    state_mid: SchedulerState, plan: StepPlan, tokens: Mapping[str, int]
+    state_mid: SchedulerState, plan: StepPlan, tokens: Mapping[str, object]
 ) -> SampledTokensError:
     expected = sampling_request_ids(state_mid, plan)
     return SampledTokensError(
-        f"step {plan.step}: tokens for {sorted(tokens)} but the sampling requests are "
-        f"{sorted(expected)}"
+        f"step {plan.step}: tokens {dict(tokens)} but the sampling requests are "
+        f"{sorted(expected)} (with the drafts their chunks ran: "
+        f"{_scheduled_drafts(state_mid, plan)})"
     )
+
+
+def _scheduled_drafts(state_mid: SchedulerState, plan: StepPlan) -> dict[str, tuple[int, ...]]:
+    by_id = _running_by_id(state_mid)
+    return {
+        c.request_id: drafts
+        for c in plan.scheduled
+        if (drafts := drafts_scheduled(by_id[c.request_id], c.start, c.num_tokens))
+    }
 
 
 def oracle_tokens(
@@ -1285,6 +1402,30 @@ def oracle_tokens(
     return tokens
 
 
+def oracle_runs(
+    state_mid: SchedulerState, plan: StepPlan, next_token: TokenOracle
+) -> dict[str, tuple[int, ...]]:
+    """What a greedy model that samples ``next_token`` returns for each sampling request
+    of a synchronous step: its drafts verified (``spec.speculative.verify``), or one
+    token for a chunk that ran none.
+
+    pre: not state_mid.config.async_scheduling
+    pre: plan_matches(state_mid, plan)
+    post: tuple(__return__) == sampling_request_ids(state_mid, plan)
+    """
+    by_id = _running_by_id(state_mid)
+    runs: dict[str, tuple[int, ...]] = {}
+    for request_id, start, n in zip(
+        plan.scheduled_ids, plan.num_computed_tokens, plan.num_scheduled_tokens, strict=True
+    ):
+        request = by_id[request_id]
+        if samples(request, start, n):
+            runs[request_id] = verify(
+                request_tokens(request), drafts_scheduled(request, start, n), next_token
+            )
+    return runs
+
+
 def stepped(state: SchedulerState, after: SchedulerState, plan: StepPlan) -> bool:
     """``step``'s contract: ``after`` valid (every invariant, both pools conserved); the
     step valid (``check_plan``: R1-R10); the step counters and the token limit; and Rule
@@ -1301,13 +1442,18 @@ def stepped(state: SchedulerState, after: SchedulerState, plan: StepPlan) -> boo
 
 
 def step(
-    state: SchedulerState, tokens: Mapping[str, int] | TokenOracle
+    state: SchedulerState,
+    tokens: Mapping[str, int] | TokenOracle,
+    drafter: Drafter | None = None,
 ) -> tuple[SchedulerState, StepPlan]:
     """One whole step: ``schedule`` (phases A-C), then ``complete_step`` (phase D).
 
     ``tokens`` is either a mapping from exactly the sampling requests' ids to their
     sampled token (else ``SampledTokensError`` and nothing changes), or a pure oracle
-    ``next_token(prompt + outputs so far) -> token`` called once per sampling request.
+    ``next_token(prompt + outputs so far) -> token`` called once per sampling request;
+    under speculative decoding the oracle verifies each request's drafts as a greedy
+    model would (``oracle_runs``), and ``drafter`` then proposes the next drafts
+    (``spec.speculative.update_draft_token_ids``; without one, none are proposed).
 
     pre: check_state(state)
     post: stepped(state, *__return__)
@@ -1315,5 +1461,11 @@ def step(
     """
     state_mid, plan = schedule(state)
     if isinstance(tokens, Mapping):
-        return complete_step(state_mid, plan, tokens)
-    return complete_step(state_mid, plan, oracle_tokens(state_mid, plan, tokens))
+        after, done = complete_step(state_mid, plan, tokens)
+    elif speculative(state.config):
+        after, done = complete_verified_step(state_mid, plan, oracle_runs(state_mid, plan, tokens))
+    else:
+        after, done = complete_step(state_mid, plan, oracle_tokens(state_mid, plan, tokens))
+    if drafter is None:
+        return after, done
+    return update_draft_token_ids(after, done, drafter), done

@@ -173,6 +173,11 @@ class SchedulerConfig:
     #: by ``EngineCore.step_with_batch_queue`` does (on by default in vLLM 0.32; off
     #: here, so every other profile and the engine keep the synchronous step).
     async_scheduling: bool = False
+    #: vllm-v1 only (vllm-v1/spec-*, spec.speculative): the drafts a request may verify
+    #: per step (vLLM's ``speculative_config.num_speculative_tokens``, n-gram drafting);
+    #: 0, the default, is no speculative decoding. vLLM turns async scheduling off for
+    #: the n-gram drafter (``config/vllm.py:1597-1611``), so the two are refused together.
+    num_speculative_tokens: int = 0
 
     def __post_init__(self) -> None:
         for name in ("num_gpu_blocks", "block_size", "max_num_batched_tokens", "max_num_seqs"):
@@ -201,6 +206,11 @@ class SchedulerConfig:
             )
         if not isinstance(self.async_scheduling, bool):
             raise ConfigError(f"async_scheduling must be a bool, got {self.async_scheduling!r}")
+        drafts = self.num_speculative_tokens
+        if not isinstance(drafts, int) or isinstance(drafts, bool) or drafts < 0:
+            raise ConfigError(
+                f"num_speculative_tokens must be a non-negative integer, got {drafts!r}"
+            )
         if self.enable_prefix_caching and self.preemption_mode is PreemptionMode.SWAP:
             raise ConfigError(
                 "enable_prefix_caching needs recompute or restart preemption, not swap"
@@ -222,6 +232,11 @@ class SchedulerConfig:
             raise ConfigError(
                 f"async_scheduling is a vllm-v1 setting; the {self.semantics} profile "
                 "schedules each step after the previous one's outputs"
+            )
+        if self.semantics is not Semantics.VLLM_V1 and self.num_speculative_tokens:
+            raise ConfigError(
+                f"num_speculative_tokens is a vllm-v1 setting; the {self.semantics} profile "
+                "has no speculative decoding"
             )
         if self.semantics is Semantics.VLLM_V1:
             self._check_vllm_v1()
@@ -276,6 +291,21 @@ class SchedulerConfig:
             raise ConfigError(
                 f"{prefix}: long_prefill_token_threshold ({self.long_prefill_token_threshold}) "
                 f"cannot be greater than max_model_len ({length})"
+            )
+        drafts = self.num_speculative_tokens
+        if drafts and self.async_scheduling:
+            # config/vllm.py:1597-1611: the n-gram drafter runs synchronously.
+            raise ConfigError(
+                f"{prefix}: async scheduling is not supported with n-gram speculative decoding"
+            )
+        if drafts and 0 < self.long_prefill_token_threshold < 1 + drafts:
+            # scheduler.py:1131-1160: a padded new decode (1 + K tokens) is then cut to the
+            # threshold with its K drafts still scheduled, and the model runner fails on
+            # the mismatch (tests/peers/test_vllm_engine_order.py, upstream PR #54028).
+            raise ConfigError(
+                f"{prefix}: long_prefill_token_threshold ({self.long_prefill_token_threshold}) "
+                f"below 1 + num_speculative_tokens ({1 + drafts}) cuts a padded decode "
+                "short of its drafts (vLLM 0.32 fails on it)"
             )
         if length > capacity:
             # v1/core/kv_cache_utils.py check_enough_kv_cache_memory: one max_model_len
@@ -433,7 +463,7 @@ class RequestState:
     ``num_computed_tokens`` counts the tokens (prompt first, then outputs) whose K/V
     is in the cache: the GPU cache while running, the CPU pool while swapped, none
     while waiting. The request owns ``ceil(num_computed_tokens / block_size)``
-    blocks of that pool.
+    blocks of that pool (running, with speculative decoding: ``num_blocks_ahead`` more).
     """
 
     request: Request
@@ -456,6 +486,13 @@ class RequestState:
     num_output_placeholders: int = 0
     num_in_flight_tokens: int = 0
     num_stale_output_tokens: int = 0
+    #: Speculative decoding only (vllm-v1/spec-*; empty and zero otherwise): the drafts
+    #: proposed for this request's next step (vLLM's ``spec_token_ids``); and the GPU
+    #: blocks its table holds past ``cdiv(num_computed_tokens, bs)``, taken for drafts
+    #: a verify step then rejected (vllm-v1/spec-rejected-blocks-kept: they stay until
+    #: the request is preempted or finishes, and its next chunks reuse them).
+    spec_token_ids: tuple[int, ...] = ()
+    num_blocks_ahead: int = 0
 
     @property
     def request_id(self) -> str:

@@ -25,6 +25,7 @@ from kvsched.peers.protocol import (
     SchedulerUnderTest,
 )
 from kvsched.peers.remote import PeerProcess, RemotePeer
+from spec.oracle import Drafter, PromptLookupDrafter
 from spec.types import SamplingParams, SchedulerConfig, Semantics
 
 PEERS = tuple(registry.ENTRIES)
@@ -68,18 +69,29 @@ def make_peer(
     *,
     eos_token_id: int | None = None,
     python: str | os.PathLike[str] | None = None,
+    speculative: PromptLookupDrafter | None = None,
+    drafter: Drafter | None = None,
 ) -> SchedulerUnderTest:
-    """A peer scheduler by name; ``eos_token_id`` is nano-vllm's engine-wide EOS.
+    """A peer scheduler by name; ``eos_token_id`` is nano-vllm's engine-wide EOS,
+    ``speculative`` vLLM's n-gram ``speculative_config`` (its drafts per step the
+    config's ``num_speculative_tokens``), ``drafter`` what proposes the drafts in place
+    of its prompt lookup (a test's, to have drafts accepted).
 
     With ``python`` (another environment's interpreter) the peer runs there, behind
     ``kvsched.peers.remote.RemotePeer``; else here.
     """
     entry = registry.entry(name)
+    if (speculative or drafter or config.num_speculative_tokens) and (
+        "speculative" not in entry.options or python is not None
+    ):
+        raise PeerUnsupportedError(
+            f"{name}: speculative decoding is driven in vLLM V1's own environment only"
+        )
     if python is not None:
         return PeerProcess(python, name).peer(config, eos_token_id=eos_token_id)
     module, _, cls = entry.adapter.partition(":")
     adapter = getattr(importlib.import_module(module), cls)
-    options = {"eos_token_id": eos_token_id}
+    options = {"eos_token_id": eos_token_id, "speculative": speculative, "drafter": drafter}
     peer: SchedulerUnderTest = adapter(config, **{k: options[k] for k in entry.options})
     return peer
 

@@ -56,7 +56,9 @@ from kvsched.peers.protocol import (
     sampled_tokens,
 )
 from kvsched.workload import WorkloadRequest
-from spec.scheduler import TokenOracle, oracle_tokens
+from spec.oracle import Drafter, TokenOracle
+from spec.profiles import speculative
+from spec.scheduler import oracle_tokens
 from spec.types import (
     FinishedRequest,
     InvalidRequestError,
@@ -174,9 +176,11 @@ class Lockstep:
         *,
         spec_samples: bool = False,
         vocab_size: int | None = None,
+        drafter: Drafter | None = None,
     ) -> None:
         self.peer = peer
         self.next_token = next_token
+        self.drafter = drafter
         self.spec_samples = spec_samples
         self.vocab_size = vocab_size
         self.state: SchedulerState = spec.init_state(config)
@@ -325,14 +329,12 @@ class Lockstep:
         # The decisions first, before any token is involved.
         state_mid, decided = spec.schedule(before)
         self._compare(decided, decisions(engine_plan), "plan")
-        if self.spec_samples:
-            tokens = oracle_tokens(state_mid, decided, self.next_token)
-        else:
-            tokens = sampled_tokens(engine_plan)
         try:
-            new_state, spec_plan = spec.complete_step(state_mid, decided, tokens)
+            new_state, spec_plan = self._complete(state_mid, decided, engine_plan)
         except SampledTokensError as e:
             raise self._diverge("plan.sampled", f"refused: {e}", engine_plan.sampled) from None
+        if self.drafter is not None:  # vllm-v1/spec-propose, as the engine's drafter did
+            new_state = spec.update_draft_token_ids(new_state, spec_plan, self.drafter)
         self.state = new_state
         self._compare(
             mask_plan(spec_plan, self.hidden), mask_plan(engine_plan, self.hidden), "plan"
@@ -344,6 +346,23 @@ class Lockstep:
         self.spec_finished.extend(spec_plan.finished)
         self.engine_finished.extend(engine_plan.finished)
         return Advance(before, state_mid, decided, spec_plan, engine_plan)
+
+    def _complete(
+        self, state_mid: SchedulerState, decided: StepPlan, engine_plan: StepPlan
+    ) -> tuple[SchedulerState, StepPlan]:
+        """The spec's phase D with the engine's tokens, or the oracle's (``spec_samples``);
+        under speculative decoding each request's run of verified tokens."""
+        if speculative(state_mid.config):
+            if self.spec_samples:
+                runs = spec.oracle_runs(state_mid, decided, self.next_token)
+            else:
+                runs = spec.plan_runs(engine_plan)
+            return spec.complete_verified_step(state_mid, decided, runs)
+        if self.spec_samples:
+            tokens = oracle_tokens(state_mid, decided, self.next_token)
+        else:
+            tokens = sampled_tokens(engine_plan)
+        return spec.complete_step(state_mid, decided, tokens)
 
     def finish(self) -> None:
         """Compare every finished request's outputs, in finishing order."""
@@ -386,19 +405,21 @@ def run_workload(
     max_steps: int | None = None,
     on_step: StepCallback | None = None,
     window: Window | None = None,
+    drafter: Drafter | None = None,
 ) -> LockstepReport:
     """Add each request at its ``arrival_step``; step until both drain; stop at a divergence.
 
     ``window``: arrivals admitted lazily (``kvsched.drive.Arrivals``, the window of
     ``admission_window`` read from the spec's state), so that a step's cost does not
-    grow with the waiting queue.
+    grow with the waiting queue. ``drafter``: the drafts the spec proposes under
+    speculative decoding (the engine's own drafter, a pure function).
     Raises ``DrainError`` if they agree but do not drain within the bound.
     """
     bound = step_bound(workload) if max_steps is None else max_steps
     divergence: Divergence | None = None
     lock: Lockstep | None = None
     try:
-        lock = Lockstep(peer, config, next_token)
+        lock = Lockstep(peer, config, next_token, drafter=drafter)
         arrivals = Arrivals(workload, room=None if window is None else _spec_room(lock, window))
         while True:
             added = False

@@ -46,7 +46,7 @@ from kvsched.peers.protocol import (
     PeerUnsupportedError,
     make_plan,
 )
-from spec.scheduler import TokenOracle
+from spec.oracle import TokenOracle
 from spec.types import (
     EmptyPromptError,
     FinishedRequest,

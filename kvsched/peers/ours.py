@@ -8,7 +8,7 @@ from impl.engine import LLMEngine
 from impl.scheduler import Scheduler
 from impl.scheduler_output import SchedulerOutput
 from kvsched.peers.protocol import Observation
-from spec.scheduler import TokenOracle
+from spec.oracle import TokenOracle
 from spec.types import FinishedRequest, SamplingParams, SchedulerConfig, StepPlan
 
 

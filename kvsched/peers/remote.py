@@ -37,7 +37,7 @@ from kvsched.peers.wire import (
     dumps,
     loads,
 )
-from spec.scheduler import TokenOracle
+from spec.oracle import TokenOracle
 from spec.types import FinishedRequest, SamplingParams, SchedulerConfig, StepPlan
 
 SOURCE_ROOT = Path(__file__).resolve().parents[2]

@@ -45,8 +45,8 @@ from kvsched.peers.protocol import (
     PeerUnsupportedError,
     make_plan,
 )
+from spec.oracle import TokenOracle
 from spec.profiles import held_after_finish, tracks_decoding
-from spec.scheduler import TokenOracle
 from spec.types import (
     DuplicateRequestError,
     EmptyPromptError,

@@ -50,8 +50,8 @@ from kvsched.peers.protocol import (
     PeerUnsupportedError,
     make_plan,
 )
+from spec.oracle import TokenOracle
 from spec.profiles import tracks_decoding
-from spec.scheduler import TokenOracle
 from spec.types import (
     EmptyPromptError,
     FinishedRequest,

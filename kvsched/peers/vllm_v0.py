@@ -46,7 +46,7 @@ from kvsched.peers.protocol import (
     make_plan,
 )
 from kvsched.peers.vllm_v1 import max_model_len
-from spec.scheduler import TokenOracle
+from spec.oracle import TokenOracle
 from spec.types import (
     EmptyPromptError,
     FinishedRequest,

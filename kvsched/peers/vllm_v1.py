@@ -36,19 +36,20 @@ tokens the worker knows (the scheduler's plus those still in flight). ``observe`
 reports vLLM's own ``num_output_placeholders``, ``num_in_flight_tokens`` and
 ``num_stale_output_tokens`` and the batches in flight, so the lockstep compares them.
 
-``VllmOptions`` holds what vLLM has and the spec does not model yet (issue 20),
-driven in the order vLLM's ``EngineCore`` drives it (v1/engine/core.py):
+``VllmOptions`` holds the vLLM settings beyond the config, driven in the order vLLM's
+``EngineCore`` drives it (v1/engine/core.py):
 
 - ``speculative``: an n-gram ``speculative_config`` (``method: "ngram"``; vLLM turns
   async scheduling off for it, config/vllm.py:1597-1611), stepped as ``step`` then
   ``post_step``: the fake model runner verifies the scheduled drafts greedily against
-  the oracle (the longest prefix the oracle agrees with, then the oracle's next token),
-  and the drafts of the next step go to the scheduler through
-  ``update_draft_token_ids``, as ``post_step`` hands them over.
-
-A lockstep run with it diverges from today's spec (which has no drafts): tests and
-scripts that drive vLLM alone set it, and ``last_step`` records what each
-step's ``SchedulerOutput`` held (``EngineStep``).
+  the oracle (``spec.speculative.verify``: the longest prefix the oracle agrees with,
+  then the oracle's next token), and the drafts of the next step go to the scheduler
+  through ``update_draft_token_ids``, as ``post_step`` hands them over. The config's
+  ``num_speculative_tokens`` must be its drafts per step, and the lockstep then holds
+  vLLM to the spec's vllm-v1/spec-* rules (``drafter``: the drafts both sides
+  propose); with the config's 0 vLLM runs drafts the spec does not know (tests of what
+  the spec refuses), and ``last_step`` records what each step's ``SchedulerOutput``
+  held (``EngineStep``).
 
 ``long_prefill_token_threshold`` and its adaptive floor are the config's (the spec
 models them: vllm-v1/long-prefill-cap) and go to vLLM's ``SchedulerConfig`` as they are.
@@ -73,8 +74,8 @@ from kvsched.peers.protocol import (
     PeerUnsupportedError,
     make_plan,
 )
-from spec.oracle import Drafter, PromptLookupDrafter
-from spec.scheduler import TokenOracle
+from spec.oracle import Drafter, PromptLookupDrafter, TokenOracle
+from spec.speculative import verify
 from spec.types import (
     EmptyPromptError,
     FinishedRequest,
@@ -204,10 +205,18 @@ def check_config(config: SchedulerConfig) -> None:
 def check_options(config: SchedulerConfig, options: VllmOptions) -> None:
     """Refuse what ``VllmConfig`` refuses: async scheduling asked for explicitly beside
     n-gram speculative decoding (config/vllm.py:1563-1576; by default it turns async
-    off for it instead, :1597-1611)."""
+    off for it instead, :1597-1611); and drafts other than the config's
+    ``num_speculative_tokens`` (the spec's vllm-v1/spec-* rules read it)."""
     if config.async_scheduling and options.speculative is not None:
         raise PeerUnsupportedError(
             "vllm: async scheduling is not supported with n-gram speculative decoding"
+        )
+    drafts = 0 if options.speculative is None else options.speculative.num_speculative_tokens
+    if config.num_speculative_tokens not in (0, drafts):
+        # 0 with drafts: vLLM alone (tests of what the spec refuses); a lockstep diverges.
+        raise PeerUnsupportedError(
+            f"vllm: the speculative_config drafts {drafts} tokens a step, the config's "
+            f"num_speculative_tokens is {config.num_speculative_tokens}"
         )
 
 
@@ -342,22 +351,6 @@ class _Batch:
     scheduled: tuple[tuple[str, int, int], ...] = ()  # (request, start, n), as decided
 
 
-def verify(context: tuple[int, ...], drafts: Sequence[int], next_token: TokenOracle) -> list[int]:
-    """Greedy verification of ``drafts`` against a model that samples ``next_token``: the
-    longest prefix of the drafts the model agrees with, then the model's next token (the
-    bonus token when every draft is accepted; a ``-1`` pad is never accepted).
-
-    post: 1 <= len(__return__) <= len(drafts) + 1
-    post: __return__[:-1] == list(drafts[: len(__return__) - 1])
-    """
-    accepted: list[int] = []
-    for draft in drafts:
-        if draft != next_token((*context, *accepted)):
-            break
-        accepted.append(draft)
-    return [*accepted, next_token((*context, *accepted))]
-
-
 def _merge(decided: EngineStep, applied: EngineStep) -> EngineStep:
     """A step's record: ``decided``'s decisions, ``applied``'s outcomes."""
     return replace(
@@ -382,12 +375,15 @@ class VllmAdapter:
         options: VllmOptions | None = None,
         *,
         drafter: Drafter | None = None,
+        speculative: PromptLookupDrafter | None = None,
     ) -> None:
         """``drafter`` proposes the drafts in place of ``options.speculative``'s prompt
         lookup (tests force how many are accepted with it); vLLM's speculative config is
-        ``options.speculative``'s either way."""
+        ``options.speculative``'s either way. ``speculative`` (``make_peer``'s) sets it."""
         check_config(config)
         self.options = options or VllmOptions()
+        if speculative is not None:
+            self.options = replace(self.options, speculative=speculative)
         check_options(config, self.options)
         self.config = config
         self.max_model_len = max_model_len(config)
@@ -597,7 +593,7 @@ class VllmAdapter:
             ]
             context = (*request.all_token_ids, *in_flight)
             drafts = out.scheduled_spec_decode_tokens.get(rid, ())
-            tokens[rid] = verify(context, drafts, next_token)
+            tokens[rid] = list(verify(context, tuple(drafts), next_token))
         req_ids = list(out.num_scheduled_tokens)
         runner_output = self.v["ModelRunnerOutput"](
             req_ids=req_ids,
@@ -715,6 +711,8 @@ class VllmAdapter:
     # --- the spec's view ------------------------------------------------------------
 
     def _state_of(self, request: Any, table: Sequence[Any]) -> RequestState:
+        bs = self.config.block_size
+        ahead = len(table) - -(-request.num_computed_tokens // bs) if table else 0
         return RequestState(
             request=self.spec_requests[self._ids[request.request_id]],
             output_token_ids=tuple(request.output_token_ids),
@@ -724,6 +722,12 @@ class VllmAdapter:
             num_output_placeholders=request.num_output_placeholders,
             num_in_flight_tokens=request.num_in_flight_tokens,
             num_stale_output_tokens=request.num_stale_output_tokens,
+            spec_token_ids=tuple(request.spec_token_ids),
+            num_blocks_ahead=ahead,
+            # vllm-v1/spec-padded-new-decode reads it (spec.profiles.tracks_decoding).
+            decoding=bool(self.config.num_speculative_tokens)
+            and bool(table)
+            and not request.is_prefill_chunk,
         )
 
     def _batch_queue(self) -> tuple[InFlightBatch, ...]:

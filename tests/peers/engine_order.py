@@ -18,31 +18,13 @@ from dataclasses import dataclass, field, replace
 
 from kvsched.peers.lockstep import Lockstep
 from kvsched.peers.vllm_v1 import EngineStep, VllmAdapter, VllmOptions
-from spec.oracle import ConstantOracle, Drafter, HashOracle, PromptLookupDrafter
-from spec.scheduler import TokenOracle
+from spec.oracle import ConstantOracle, Drafter, HashOracle, PromptLookupDrafter, TokenOracle
 from spec.types import SamplingParams, SchedulerConfig, SchedulerState, Semantics
+from tests.spec.helpers import OracleDrafter
 
 ORACLE = HashOracle(vocab_size=8)
 NGRAM = PromptLookupDrafter(num_speculative_tokens=3, prompt_lookup_min=1, prompt_lookup_max=3)
 SPEC = VllmOptions(speculative=NGRAM)
-
-
-@dataclass(frozen=True, slots=True)
-class OracleDrafter:
-    """Drafts the oracle's own next ``k`` tokens, but for a wrong one at ``first_wrong``
-    (``k`` or more: every draft right), so the verify step accepts exactly
-    ``first_wrong`` of them."""
-
-    oracle: TokenOracle
-    k: int
-    first_wrong: int
-
-    def __call__(self, tokens: tuple[int, ...]) -> tuple[int, ...]:
-        drafts: list[int] = []
-        for i in range(self.k):
-            token = self.oracle((*tokens, *drafts))
-            drafts.append(token + 1 if i == self.first_wrong else token)
-        return tuple(drafts)
 
 
 Arrival = tuple[int, str, tuple[int, ...], SamplingParams]  # step, id, prompt, params
@@ -76,6 +58,11 @@ def params(max_tokens: int, eos: int | None = None) -> SamplingParams:
 def asynchronous(config: SchedulerConfig) -> SchedulerConfig:
     """``config`` with async scheduling on (vLLM's ``AsyncScheduler``, its batch queue)."""
     return replace(config, async_scheduling=True)
+
+
+def drafting(config: SchedulerConfig) -> SchedulerConfig:
+    """``config`` with ``SPEC``'s drafts per step (vllm-v1/spec-*)."""
+    return replace(config, num_speculative_tokens=NGRAM.num_speculative_tokens)
 
 
 def tight() -> SchedulerConfig:
@@ -122,56 +109,66 @@ SCENARIOS: dict[str, Scenario] = {
         requests=((0, "r0", (1, 2, 3), params(3)), (1, "r1", (1, 2, 3, 5, 9), params(2))),
     ),
     "spec-all-accepted": Scenario(
-        config=vllm_config(), requests=ONE, options=SPEC, drafter=OracleDrafter(ORACLE, 3, 3)
+        config=drafting(vllm_config()),
+        requests=ONE,
+        options=SPEC,
+        drafter=OracleDrafter(ORACLE, 3, 3),
     ),
     "spec-none-accepted": Scenario(
-        config=vllm_config(), requests=ONE, options=SPEC, drafter=OracleDrafter(ORACLE, 3, 0)
+        config=drafting(vllm_config()),
+        requests=ONE,
+        options=SPEC,
+        drafter=OracleDrafter(ORACLE, 3, 0),
     ),
     "spec-partly-accepted": Scenario(
-        config=vllm_config(), requests=ONE, options=SPEC, drafter=OracleDrafter(ORACLE, 3, 1)
+        config=drafting(vllm_config()),
+        requests=ONE,
+        options=SPEC,
+        drafter=OracleDrafter(ORACLE, 3, 1),
     ),
     # ORACLE continues (1, 2, 3) with 5, 6, 0, 4, 1, ...: the third draft of step 1 is 4.
     "spec-eos-in-run": Scenario(
-        config=vllm_config(),
+        config=drafting(vllm_config()),
         requests=((0, "r0", (1, 2, 3), params(9, eos=4)),),
         options=SPEC,
         drafter=OracleDrafter(ORACLE, 3, 3),
     ),
     "spec-max-tokens-mid-run": Scenario(
-        config=vllm_config(),
+        config=drafting(vllm_config()),
         requests=((0, "r0", (1, 2, 3), params(3)),),
         options=SPEC,
         drafter=OracleDrafter(ORACLE, 3, 3),
     ),
     "spec-max-model-len": Scenario(
-        config=vllm_config(max_model_len=9),
+        config=drafting(vllm_config(max_model_len=9)),
         requests=((0, "r0", (1, 2, 3), params(20)),),
         options=SPEC,
         drafter=OracleDrafter(ORACLE, 3, 3),
     ),
     "spec-budget": Scenario(
-        config=vllm_config(max_num_batched_tokens=6),
+        config=drafting(vllm_config(max_num_batched_tokens=6)),
         requests=((0, "r0", (1, 2), params(3)), (0, "r1", (3, 4), params(3))),
         options=SPEC,
         drafter=OracleDrafter(ORACLE, 3, 3),
     ),
     "spec-padded-new-decode": Scenario(
-        config=vllm_config(),
+        config=drafting(vllm_config()),
         requests=((0, "r0", (1, 2, 3), params(4)), (1, "r1", (7,), params(3))),
         options=SPEC,
         drafter=OracleDrafter(ORACLE, 3, 1),
     ),
     "spec-preempt-with-drafts": Scenario(
-        config=replace(
-            vllm_config(num_gpu_blocks=5, block_size=2, max_model_len=10),
-            enable_prefix_caching=True,
+        config=drafting(
+            vllm_config(
+                num_gpu_blocks=5, block_size=2, max_model_len=10, enable_prefix_caching=True
+            )
         ),
         requests=((0, "r0", (1, 2, 3), params(5)), (0, "r1", (4, 5), params(5))),
         options=SPEC,
         drafter=OracleDrafter(ORACLE, 3, 1),
     ),
     "spec-prompt-lookup": Scenario(
-        config=vllm_config(),
+        config=drafting(vllm_config()),
         requests=((0, "r0", (1, 2, 3, 1, 2, 3, 1, 2), params(6)),),
         options=SPEC,
     ),
@@ -180,7 +177,7 @@ SCENARIOS: dict[str, Scenario] = {
 
 def synchronous(scenario: Scenario) -> Scenario:
     """The same scenario with async scheduling and speculative decoding off."""
-    config = replace(scenario.config, async_scheduling=False)
+    config = replace(scenario.config, async_scheduling=False, num_speculative_tokens=0)
     return replace(scenario, config=config, options=VllmOptions(), drafter=None)
 
 
@@ -226,7 +223,9 @@ def lockstep(scenario: Scenario, *, max_steps: int = 100) -> int:
     decisions, applied outputs, every request's counters, the batches in flight); the
     number of steps it took."""
     adapter = VllmAdapter(scenario.config, scenario.options, drafter=scenario.drafter)
-    lock = Lockstep(adapter, scenario.config, scenario.oracle, spec_samples=True)
+    lock = Lockstep(
+        adapter, scenario.config, scenario.oracle, spec_samples=True, drafter=adapter.drafter
+    )
     pending = sorted(scenario.requests, key=lambda arrival: arrival[0])
     while pending or lock.unfinished():
         if lock.steps >= max_steps:

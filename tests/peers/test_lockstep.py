@@ -14,8 +14,7 @@ from kvsched.peers.lockstep import Diverged, Lockstep, run_workload
 from kvsched.peers.ours import SchedulerAdapter
 from kvsched.peers.protocol import Hidden, Observation, decisions, make_plan
 from kvsched.workload import WorkloadRequest
-from spec.oracle import HashOracle
-from spec.scheduler import TokenOracle
+from spec.oracle import HashOracle, TokenOracle
 from spec.types import (
     ConfigError,
     FinishedRequest,

@@ -33,7 +33,7 @@ from spec import (
     step,
 )
 from spec.invariants import plan_violations, state_violations
-from spec.scheduler import TokenOracle
+from spec.oracle import TokenOracle
 from spec.types import Semantics
 from tests.spec.helpers import chunks
 

