@@ -72,6 +72,14 @@ def setup(
     return f"{ran}, {text}"
 
 
+def _drafts_text(report: ConformReport, config: SchedulerConfig) -> str:
+    """Under speculative decoding: the drafts run and accepted, and the rate."""
+    if not config.num_speculative_tokens:
+        return ""
+    rate = f" ({report.accepted / report.drafts:.0%})" if report.drafts else ""
+    return f", {report.drafts} drafts, {report.accepted} accepted{rate}"
+
+
 def render(
     report: ConformReport,
     config: SchedulerConfig,
@@ -86,8 +94,8 @@ def render(
         return (
             f"conform: ok: spec and engine agree at all {report.steps} steps "
             f"({report.num_requests} requests, {report.num_rejected} rejected, "
-            f"{report.preemptions} preemption{'' if report.preemptions == 1 else 's'}; "
-            f"{setup_text})"
+            f"{report.preemptions} preemption{'' if report.preemptions == 1 else 's'}"
+            f"{_drafts_text(report, config)}; {setup_text})"
         )
     verdict = f"conform: DIVERGED at {report.divergence} ({setup_text})"
     bug = classify(engine, report.divergence, version=None if version is None else version.version)

@@ -175,8 +175,11 @@ def flag(field: str) -> str:
     return "--" + field.replace("_", "-")
 
 
-#: The option of every ``SchedulerConfig`` field, by the field's name.
-FLAGS = {f.name: flag(f.name) for f in dataclasses.fields(SchedulerConfig) if f.init}
+#: The option of every ``SchedulerConfig`` field, by the field's name
+#: (``num_speculative_tokens`` is a key of ``--speculative-config``'s).
+FLAGS = {f.name: flag(f.name) for f in dataclasses.fields(SchedulerConfig) if f.init} | {
+    "num_speculative_tokens": "--speculative-config"
+}
 
 # A field named in a refusal: any word with an underscore; ``policy`` and ``semantics``
 # (plain words too) only before the value they are given (``policy lifo``, ``policy

@@ -150,6 +150,7 @@ RESERVE = "impl/reserve_step.py"
 SPEC_PROFILES = "spec/profiles.py"
 SPEC_PIPELINE = "spec/pipeline.py"
 SPEC_LIVENESS = "spec/liveness.py"
+SPEC_SPECULATIVE = "spec/speculative.py"
 PIPELINE = "impl/pipeline.py"
 
 #: What a wrong plan or state shows up as in the differential comparison.
@@ -635,9 +636,10 @@ MUTANTS: tuple[Mutant, ...] = (
         "a request that stops on EOS reports its outputs without the EOS token, in spec and engine",
         (
             SPEC_SCHED,
-            "        output_token_ids=outputs,\n        finish_reason=reason,\n",
-            "        output_token_ids=outputs[:-1] if reason is FinishReason.STOP "
-            "else outputs,\n        finish_reason=reason,\n",
+            "                    output_token_ids=outputs,\n"
+            "                    finish_reason=reason,\n",
+            "                    output_token_ids=outputs[:-1] if reason is FinishReason.STOP "
+            "else outputs,\n                    finish_reason=reason,\n",
         ),
         (
             PHASES,
@@ -771,6 +773,50 @@ MUTANTS: tuple[Mutant, ...] = (
         # The scheduler machine drains async lifo states and holds them to the bound.
         machines=("scheduler",),
         expect=("drain_bound",),
+    ),
+    mutant(
+        "spec-vllm-v1-spec-no-padding",
+        "vllm-v1/spec-padded-new-decode: the spec admits a one-token chunk unpadded",
+        (SPEC_SPECULATIVE, "        drafts > 0\n        and num_tokens == 1\n", "        False\n"),
+        # Only the spec and vLLM decode speculatively (the engine refuses it).
+        machines=("vllm",),
+        expect=("plan_matches_spec",),
+    ),
+    mutant(
+        "spec-vllm-v1-spec-no-model-len-cap",
+        "vllm-v1/spec-drafts-scheduled: the spec does not cut a chunk with drafts at "
+        "max_model_len - 1",
+        (
+            SPEC_SPECULATIVE,
+            "    if length is None or not request.spec_token_ids:\n",
+            "    if True:\n",
+        ),
+        machines=("vllm",),
+        expect=("plan_matches_spec",),
+    ),
+    mutant(
+        "spec-vllm-v1-spec-stop-after-the-run",
+        "vllm-v1/spec-verify: the spec checks the stop rules once, after the whole run, "
+        "so it delivers tokens past an EOS or max_tokens",
+        (
+            SPEC_SCHED,
+            "        if reason is not None:\n            return (\n",
+            "        if reason is not None and k == len(run) - 1:\n            return (\n",
+        ),
+        machines=("vllm",),
+        expect=("plan_matches_spec",),
+    ),
+    mutant(
+        "spec-vllm-v1-spec-rejected-blocks-dropped",
+        "vllm-v1/spec-rejected-blocks-kept: the spec forgets the blocks its rejected "
+        "drafts took (as if the table shrank with num_computed_tokens)",
+        (
+            SPEC_SPECULATIVE,
+            "    return max(0, held - cdiv(computed, block_size))\n",
+            "    return 0\n",
+        ),
+        machines=("vllm",),
+        expect=("spec_state_valid",),
     ),
     mutant(
         "cm-vllm-v1-async-max-tokens-one-step-late",

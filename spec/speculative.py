@@ -154,6 +154,19 @@ def valid_run(drafts: tuple[int, ...], run: tuple[int, ...]) -> bool:
     )
 
 
+def num_accepted(drafts: tuple[int, ...], run: tuple[int, ...]) -> int:
+    """How many of a delivered ``run``'s tokens are accepted drafts: all but the last,
+    and the last too when it is a draft (a run cut after a stop inside the accepted
+    drafts; an uncut run ends with a token no draft matched, or the bonus token).
+
+    pre: valid_run(drafts, run)
+    post: len(run) - 1 <= __return__ <= min(len(run), len(drafts))
+    """
+    if len(run) <= len(drafts) and run[-1] == drafts[len(run) - 1]:
+        return len(run)
+    return len(run) - 1
+
+
 def blocks_ahead_after(
     request: RequestState, start: int, num_tokens: int, computed: int, block_size: int
 ) -> int:

@@ -59,6 +59,7 @@ from kvsched.workload import WorkloadRequest
 from spec.oracle import Drafter, TokenOracle
 from spec.profiles import speculative
 from spec.scheduler import oracle_tokens
+from spec.speculative import PAD, drafts_scheduled, num_accepted
 from spec.types import (
     FinishedRequest,
     InvalidRequestError,
@@ -187,6 +188,9 @@ class Lockstep:
         self.steps = 0
         self.rejected = 0
         self.preemptions = 0
+        #: vllm-v1/spec-*: the drafts the steps ran (pads aside) and those accepted.
+        self.drafts = 0
+        self.accepted = 0
         self.spec_finished: list[FinishedRequest] = []
         self.engine_finished: list[FinishedRequest] = []
         self.hidden: frozenset[Hidden] = frozenset()
@@ -343,6 +347,8 @@ class Lockstep:
         self.step_started_from = None
         self.steps += 1
         self.preemptions += len(spec_plan.preempted)
+        if speculative(state_mid.config):
+            self._count_drafts(state_mid, spec_plan)
         self.spec_finished.extend(spec_plan.finished)
         self.engine_finished.extend(engine_plan.finished)
         return Advance(before, state_mid, decided, spec_plan, engine_plan)
@@ -364,6 +370,15 @@ class Lockstep:
             tokens = sampled_tokens(engine_plan)
         return spec.complete_step(state_mid, decided, tokens)
 
+    def _count_drafts(self, state_mid: SchedulerState, plan: StepPlan) -> None:
+        runs = spec.plan_runs(plan)
+        by_id = {r.request_id: r for r in state_mid.running}
+        for chunk in plan.scheduled:
+            drafts = drafts_scheduled(by_id[chunk.request_id], chunk.start, chunk.num_tokens)
+            if drafts and PAD not in drafts and chunk.request_id in runs:
+                self.drafts += len(drafts)
+                self.accepted += num_accepted(drafts, runs[chunk.request_id])
+
     def finish(self) -> None:
         """Compare every finished request's outputs, in finishing order."""
         self._compare(
@@ -380,6 +395,9 @@ class LockstepReport:
     num_rejected: int
     preemptions: int
     divergence: Divergence | None
+    #: vllm-v1/spec-*: drafts run and accepted (``Lockstep.drafts``, ``.accepted``).
+    drafts: int = 0
+    accepted: int = 0
 
     @property
     def ok(self) -> bool:
@@ -447,6 +465,8 @@ def run_workload(
         num_rejected=0 if lock is None else lock.rejected,
         preemptions=0 if lock is None else lock.preemptions,
         divergence=divergence,
+        drafts=0 if lock is None else lock.drafts,
+        accepted=0 if lock is None else lock.accepted,
     )
 
 

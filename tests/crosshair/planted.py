@@ -61,8 +61,14 @@ PLANTED: tuple[PlantedBug, ...] = (
         where="preemption",
         bug="a victim's GPU blocks are counted after preempt() reset its computed count",
         file="scheduler.py",
-        old="        free += blocks_held(held, bs)\n",
-        new="        free += blocks_held(after.num_computed_tokens, bs)\n",
+        old=(
+            "        free += table_blocks(held, victim.num_computed_tokens, "
+            "victim.num_blocks_ahead, bs)\n"
+        ),
+        new=(
+            "        free += table_blocks(after.num_computed_tokens, after.num_computed_tokens, "
+            "after.num_blocks_ahead, bs)\n"
+        ),
         target="spec.scheduler.release_victim",
     ),
     PlantedBug(
@@ -208,21 +214,18 @@ PLANTED: tuple[PlantedBug, ...] = (
         where="finish",
         bug="a finished request frees the blocks it held before this step's chunk",
         file="scheduler.py",
-        old="            freed += gpu_blocks_owned(state_mid.config, request, computed)\n",
-        new=(
-            "            freed += gpu_blocks_owned("
-            "state_mid.config, request, request.num_computed_tokens)\n"
-        ),
-        target="spec.scheduler.complete_step",
+        old="            freed += gpu_blocks_owned(config, request, end)\n",
+        new="            freed += gpu_blocks_owned(config, request, request.num_computed_tokens)\n",
+        target="spec.scheduler.complete_verified_step",
     ),
     PlantedBug(
         name="D-length-off-by-one",
         where="finish",
         bug="the length check counts the outputs before the new token (finishes one late)",
         file="scheduler.py",
-        old="        len(outputs),\n    )\n",
-        new="        len(request.output_token_ids),\n    )\n",
-        target="spec.scheduler.complete_step",
+        old="prompt_len + len(outputs), len(outputs)\n",
+        new="prompt_len + len(outputs), len(outputs) - 1\n",
+        target="spec.scheduler.complete_verified_step",
     ),
     PlantedBug(
         name="D-sampled-not-advanced",
@@ -237,19 +240,22 @@ PLANTED: tuple[PlantedBug, ...] = (
             "                output_token_ids=outputs,\n"
             "                num_computed_tokens=request.num_computed_tokens,\n"
         ),
-        target="spec.scheduler.complete_step",
+        target="spec.scheduler.complete_verified_step",
     ),
     PlantedBug(
         name="D-eos-dropped",
         where="finish",
         bug="a request that stops on EOS is reported without the EOS token",
         file="scheduler.py",
-        old="        output_token_ids=outputs,\n        finish_reason=reason,\n",
-        new=(
-            "        output_token_ids=outputs if reason is FinishReason.LENGTH "
-            "else request.output_token_ids,\n        finish_reason=reason,\n"
+        old=(
+            "                    output_token_ids=outputs,\n"
+            "                    finish_reason=reason,\n"
         ),
-        target="spec.scheduler.complete_step",
+        new=(
+            "                    output_token_ids=outputs if reason is FinishReason.LENGTH "
+            "else request.output_token_ids,\n                    finish_reason=reason,\n"
+        ),
+        target="spec.scheduler.complete_verified_step",
     ),
     # --- abort, in each queue, and add -----------------------------------------------------
     PlantedBug(
@@ -398,8 +404,8 @@ PLANTED: tuple[PlantedBug, ...] = (
         where="admission (caching)",
         bug="PC4: the hit blocks that sit in the free queue are not counted as taken",
         file="scheduler.py",
-        old="            free=max(free - evictable - reserve, 0),\n",
-        new="            free=max(free - reserve, 0),\n",
+        old="        room = max(free - evictable - reserve, 0)\n",
+        new="        room = max(free - reserve, 0)\n",
         target="spec.scheduler.admit_waiting",
     ),
     # --- the profiles added since (issue 25: vllm-v0, transformers, tokenspeed) ----------

@@ -21,7 +21,7 @@ from spec.profiles import (
     stale_output_in_flight,
 )
 from spec.scheduler import first_draft, schedule_running
-from spec.speculative import PAD, drafts_scheduled
+from spec.speculative import PAD, drafts_scheduled, num_accepted
 from spec.types import (
     FinishReason,
     PreemptionMode,
@@ -207,8 +207,7 @@ def spec_events(before: SchedulerState, mid: SchedulerState, plan: StepPlan) -> 
             continue
         run = runs.get(chunk.request_id, ())
         reason = reasons.get(chunk.request_id)
-        inside = 0 < len(run) <= len(drafts) and run[-1] == drafts[len(run) - 1]
-        if reason is not None and inside:
+        if reason is not None and run and num_accepted(drafts, run) == len(run):
             yield (
                 "vllm-v1/spec-verify: EOS inside an accepted run"
                 if reason is FinishReason.STOP
