@@ -62,7 +62,10 @@ def blocks_to_grow(
     pre: block_size >= 1
     post: 0 <= __return__ <= blocks_needed(num_computed_tokens, num_new_tokens, block_size)
     """
-    return max(0, blocks_needed(num_computed_tokens, num_new_tokens, block_size) - num_blocks_ahead)
+    needed = blocks_needed(num_computed_tokens, num_new_tokens, block_size)
+    if num_blocks_ahead == 0:  # without drafts: no comparison for the solver to branch on
+        return needed
+    return max(0, needed - num_blocks_ahead)
 
 
 def table_blocks(
@@ -77,9 +80,10 @@ def table_blocks(
     pre: num_blocks_ahead >= 0 and block_size >= 1
     post: __return__ >= blocks_held(num_cached, block_size)
     """
-    return max(
-        cdiv(num_cached, block_size), cdiv(num_computed_tokens, block_size) + num_blocks_ahead
-    )
+    held = cdiv(num_cached, block_size)
+    if num_blocks_ahead == 0:  # without drafts: no comparison for the solver to branch on
+        return held
+    return max(held, cdiv(num_computed_tokens, block_size) + num_blocks_ahead)
 
 
 def max_cached_tokens(prompt_len: int, max_tokens: int) -> int:

@@ -595,8 +595,10 @@ def pool_violations(
 
 
 def _table_length(request: RequestState, computed: int, block_size: int) -> int:
-    """PC1: the blocks ``request`` should hold with ``computed`` tokens cached (-1, never
-    a length, for a malformed request: counts below zero)."""
+    """PC1: the blocks ``request`` should hold with ``computed`` tokens cached (with
+    blocks ahead, -1, never a length, for a malformed request: counts below zero)."""
+    if request.num_blocks_ahead == 0:  # without drafts: cdiv, no branch for the solver
+        return -(-computed // block_size)
     if min(computed, request.num_computed_tokens, request.num_blocks_ahead) < 0:
         return -1
     cached = max(computed, request.num_computed_tokens)

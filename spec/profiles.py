@@ -412,7 +412,9 @@ def blocks_to_run_by_profile(
     bs = config.block_size
     if config.semantics is Semantics.VLLM_V0:
         return blocks == blocks_needed(computed, num_tokens, bs) + (computed % bs > 0)
-    return blocks == blocks_to_grow(computed, num_tokens, ahead, bs)
+    if ahead:
+        return blocks == blocks_to_grow(computed, num_tokens, ahead, bs)
+    return blocks == blocks_needed(computed, num_tokens, bs)
 
 
 def blocks_to_run(config: SchedulerConfig, computed: int, num_tokens: int, ahead: int = 0) -> int:
@@ -437,7 +439,9 @@ def blocks_to_run(config: SchedulerConfig, computed: int, num_tokens: int, ahead
     bs = config.block_size
     if config.semantics is Semantics.VLLM_V0:
         return cdiv(computed + num_tokens, bs) - computed // bs
-    return blocks_to_grow(computed, num_tokens, ahead, bs)
+    if ahead:
+        return blocks_to_grow(computed, num_tokens, ahead, bs)
+    return blocks_needed(computed, num_tokens, bs)
 
 
 # --- nano-vllm rules (N1-N4) -----------------------------------------------------------
@@ -597,9 +601,8 @@ def tracks_decoding(config: SchedulerConfig) -> bool:
 
 def speculative(config: SchedulerConfig) -> bool:
     """Whether the config decodes speculatively (vllm-v1/spec-*, ``spec.speculative``).
-
-    post: __return__ == (config.num_speculative_tokens > 0)
-    """
+    No contract: CrossHair would assume it in place of this one comparison in every
+    phase that asks (tracks_decoding's contract names it)."""
     return config.num_speculative_tokens > 0
 
 
@@ -833,6 +836,8 @@ def gpu_blocks_owned(config: SchedulerConfig, request: RequestState, num_cached:
     """
     if reserves_generation(config):
         return generation_blocks(config, request)
+    if request.num_blocks_ahead == 0:  # (the solver then meets cdiv alone, as before drafts)
+        return cdiv(num_cached, config.block_size)
     return table_blocks(
         num_cached, request.num_computed_tokens, request.num_blocks_ahead, config.block_size
     )
@@ -859,9 +864,9 @@ def chunk_blocks(
     if reserves_generation(config):
         return 0 if on_gpu else generation_blocks(config, request)
     bs = config.block_size
-    if on_gpu:
+    if on_gpu and request.num_blocks_ahead:
         return blocks_to_grow(start, end - start, request.num_blocks_ahead, bs)
-    return cdiv(end, bs)
+    return cdiv(end, bs) - (cdiv(start, bs) if on_gpu else 0)
 
 
 def liveness_proved(config: SchedulerConfig) -> bool:

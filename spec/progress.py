@@ -24,6 +24,7 @@ from spec.profiles import (
     long_prefill_cap,
     reserved_blocks,
     running_capped,
+    speculative,
     stale_output_in_flight,
     whole_sequence_admissible,
 )
@@ -81,7 +82,7 @@ def _left_after(before: SchedulerState, plan: StepPlan, upto: int) -> _Left:
         held = by_id.get(chunk.request_id)
         if held is None:
             seats -= 1
-        else:
+        elif speculative(config):  # vllm-v1/spec-padded-new-decode reads these
             running_scheduled = True
             prefill_scheduled |= not held.decoding
         if cache is None:
@@ -132,7 +133,7 @@ def _fits(request: RequestState, config: SchedulerConfig, left: _Left, hit: tupl
     start = request.num_computed_tokens + num_hit * bs
     remaining = capped(request.num_tokens - start, left.cap)  # vllm-v1/long-prefill-cap
     n = chunk_for_prefill(remaining, left.budget, config.enable_chunked_prefill)
-    if pads(
+    if speculative(config) and pads(
         config,
         start=start,
         num_tokens=request.num_tokens - start,

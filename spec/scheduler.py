@@ -32,7 +32,14 @@ from spec.invariants import (
     live_ids_sorted,
     outputs_extended,
 )
-from spec.kv import blocks_held, blocks_to_grow, cdiv, chunk_for_prefill, table_blocks
+from spec.kv import (
+    blocks_held,
+    blocks_needed,
+    blocks_to_grow,
+    cdiv,
+    chunk_for_prefill,
+    table_blocks,
+)
 from spec.lifecycle import has_requests
 from spec.oracle import Drafter, TokenOracle
 from spec.policies import (
@@ -341,7 +348,7 @@ def victim_released(  # noqa: PLR0917  (release_victim's arguments, as its contr
     after, mode, free_after, free_cpu_after, _ = released
     bs = config.block_size
     if cache is None:
-        alone = table_blocks(held, victim.num_computed_tokens, victim.num_blocks_ahead, bs)
+        alone = _blocks_released(victim, held, bs)
     else:
         alone = len(set(victim.block_ids) - holders(others).keys())
     swapped = blocks_held(after.num_computed_tokens, bs) if mode is PreemptionMode.SWAP else 0
@@ -351,6 +358,14 @@ def victim_released(  # noqa: PLR0917  (release_victim's arguments, as its contr
         and free_cpu_after >= 0
         and free_cpu_after + swapped == free_cpu
     )
+
+
+def _blocks_released(victim: RequestState, held: int, bs: int) -> int:
+    """R2: the GPU blocks a victim's table holds with ``held`` tokens cached (its blocks
+    ahead too, vllm-v1/spec-rejected-blocks-kept)."""
+    if victim.num_blocks_ahead == 0:
+        return blocks_held(held, bs)
+    return table_blocks(held, victim.num_computed_tokens, victim.num_blocks_ahead, bs)
 
 
 def release_victim(
@@ -386,7 +401,7 @@ def release_victim(
     bs = config.block_size
     after, mode = preempt(victim, config, free_cpu)
     if cache is None:
-        free += table_blocks(held, victim.num_computed_tokens, victim.num_blocks_ahead, bs)
+        free += _blocks_released(victim, held, bs)
     else:  # PC6, PC7: shared blocks stay with their other holders
         cache = release_blocks(config, cache, victim.block_ids, holders(others))
         free = len(cache.free_queue)
@@ -556,9 +571,13 @@ def schedule_running(draft: StepDraft) -> StepDraft:
             continue
         computed = request.num_computed_tokens
         ahead = request.num_blocks_ahead
-        remaining = capped_to_model_len(config, request, num_tokens_with_spec(request) - computed)
+        remaining = num_tokens_with_placeholders(request) - computed
+        if request.spec_token_ids:  # vllm-v1/spec-drafts-scheduled
+            remaining = capped_to_model_len(
+                config, request, remaining + len(request.spec_token_ids)
+            )
         n = remaining if unbudgeted else running_chunk(remaining, budget, draft.long_prefill_cap)
-        need = blocks_to_grow(computed, n, ahead, bs)
+        need = blocks_to_grow(computed, n, ahead, bs) if ahead else blocks_needed(computed, n, bs)
         while blocks_to_run(config, computed, n, ahead) > free:
             k = profile_victim(config, policy, tuple(running), i)
             victim = running.pop(k)
@@ -878,9 +897,11 @@ def admit_waiting(draft: StepDraft) -> StepDraft:
     seats = config.max_num_seqs - (len(running) if running_capped(config) else 0)
     reserve = reserved_blocks(config)  # vllm-v0/watermark
     # vllm-v1/spec-padded-new-decode reads what phase A scheduled.
-    by_id = _running_by_id(state)
-    prefill_scheduled = any(not by_id[c.request_id].decoding for c in draft.scheduled)
-    running_scheduled = bool(draft.scheduled)
+    prefill_scheduled = running_scheduled = False
+    if speculative(config):
+        by_id = _running_by_id(state)
+        prefill_scheduled = any(not by_id[c.request_id].decoding for c in draft.scheduled)
+        running_scheduled = bool(draft.scheduled)
     for candidate in policy.order_waiting(state.waiting):
         request = candidate
         if len(chunks) >= seats or budget == 0:
@@ -896,7 +917,7 @@ def admit_waiting(draft: StepDraft) -> StepDraft:
             evictable = num_evictable(cache, hit)
         start = len(hit) * bs
         room = max(free - evictable - reserve, 0)
-        pad = pads(
+        pad = speculative(config) and pads(
             config,
             start=start,
             num_tokens=request.num_tokens - start,

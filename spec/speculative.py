@@ -44,7 +44,7 @@ def num_drafts_run(request: RequestState, start: int, num_tokens: int) -> int:
     start + num_tokens`` of ``request`` runs: those past its known tokens (and
     placeholders), ``scheduler.py:864-869``.
 
-    post: __return__ >= 0
+    post: __return__ == max(0, start + num_tokens - num_tokens_with_placeholders(request))
     """
     return max(0, start + num_tokens - num_tokens_with_placeholders(request))
 
@@ -55,7 +55,7 @@ def drafts_scheduled(request: RequestState, start: int, num_tokens: int) -> tupl
     chunk cut short drops drafts from the end; one that ends at or before
     ``num_tokens`` runs none.
 
-    post: __return__ == request.spec_token_ids[: len(__return__)]
+    post: __return__ == request.spec_token_ids[: num_drafts_run(request, start, num_tokens)]
     """
     return request.spec_token_ids[: num_drafts_run(request, start, num_tokens)]
 
@@ -143,9 +143,8 @@ def verify(
 def valid_run(drafts: tuple[int, ...], run: tuple[int, ...]) -> bool:
     """**vllm-v1/spec-verify**: what a verify step may return for a request whose chunk
     ran ``drafts``: one token to ``len(drafts) + 1``, all but the last its drafts (the
-    accepted ones; a ``PAD`` never is).
-
-    post: not __return__ or 1 <= len(run) <= len(drafts) + 1
+    accepted ones; a ``PAD`` never is). No contract: it is the rule phase D tests each
+    run with (CrossHair would assume a weaker one in its place).
     """
     return (
         1 <= len(run) <= len(drafts) + 1
@@ -176,6 +175,7 @@ def blocks_ahead_after(
     its rejected drafts included; this is how many lie past ``cdiv(computed, bs)``.
 
     pre: block_size >= 1
+    pre: 0 <= request.num_computed_tokens and 0 <= request.num_blocks_ahead
     pre: 0 <= start <= computed <= start + num_tokens
     post: __return__ >= 0
     """

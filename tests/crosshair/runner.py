@@ -117,6 +117,10 @@ PREDICATES = {
     "spec.profiles.live_within_reserve": "the precondition predicate of tokenspeed's reserve",
     "spec.scheduler.draft_violations": "the predicate of the phases' contracts",
     "spec.scheduler.samples": "a predicate of one chunk",
+    "spec.speculative.valid_run": "what a verify step may return: the rule phase D tests "
+    "each run with",
+    "spec.profiles.speculative": "one comparison, ``num_speculative_tokens > 0``: the phases "
+    "would meet an assumed contract in its place",
     "spec.contracts.within_bounds": "the size predicate of the wrappers",
     "spec.progress.progress_violations": "Rule P itself, a predicate over a state and a "
     "plan (an arbitrary plan names requests the state lacks)",

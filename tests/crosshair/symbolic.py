@@ -928,10 +928,13 @@ def make_plan(p: SymbolicFactory) -> StepPlan:
     return plan
 
 
-def make_tokens(p: SymbolicFactory, key_type: type, value_type: type) -> Mapping[str, int] | None:
+def make_tokens(
+    p: SymbolicFactory, key_type: type, value_type: type
+) -> Mapping[str, int] | Mapping[str, tuple[int, ...]] | None:
     """The sampled tokens of the step of the state (and plan) built last on this path.
 
-    Exactly the ids of ``sampling_request_ids``, each with a symbolic token: any other
+    Exactly the ids of ``sampling_request_ids``, each with a symbolic token (for a
+    mapping of runs, ``complete_verified_step``'s, a run of that one token): any other
     key set only raises ``SampledTokensError`` (declared, so CrossHair drops the path).
     After a plan, they are its sampling requests; after a state alone (``step``), the
     builder runs ``schedule`` on it to learn them, which decides the path's branches
@@ -950,6 +953,7 @@ def make_tokens(p: SymbolicFactory, key_type: type, value_type: type) -> Mapping
         ids = sampling_request_ids(state, plan)
     by_id = {r.request_id: r for r in (*state.running, *state.waiting)}
     tokens: dict[str, int] = {}
+    runs = getattr(value_type, "__origin__", value_type) is tuple
     for rid in ids:
         request = by_id[rid]
         token = tokens[rid] = p(int, f"_token_{rid}")
@@ -960,6 +964,8 @@ def make_tokens(p: SymbolicFactory, key_type: type, value_type: type) -> Mapping
                 eos = request.request.params.eos_token_id
                 if eos is not None:
                     prefer(p, token == eos)
+    if runs:  # complete_verified_step's: a run of one (the symbolic configs draft nothing)
+        return {rid: (token,) for rid, token in tokens.items()}
     return tokens
 
 
@@ -1062,10 +1068,14 @@ def make_request_state(p: SymbolicFactory) -> RequestState | None:
     the path (an element of ``others``, named ``RequestState_inheap...`` by CrossHair)
     holds, on about half of the paths, one of them (else none): the shares are
     concrete choices, every other field stays CrossHair's own symbolic value. Any other
-    ``RequestState`` (None here) is CrossHair's own.
+    ``RequestState`` is CrossHair's own. None has drafts or blocks ahead: the symbolic
+    configs never decode speculatively (``make_config``), so a request with them would
+    only fail the preconditions (measured: two planted bugs were missed while CrossHair
+    spent its paths on them).
     """
     with NoTracing():
         victim = p.space.extra(_Victim)
+    request = _request_state_without_drafts(p)
     if p.varname.startswith("victim"):
         block_ids = tuple(range(concrete_int(p, "_num_blocks", 0, MAX_VICTIM_BLOCKS)))
         with NoTracing():
@@ -1074,10 +1084,37 @@ def make_request_state(p: SymbolicFactory) -> RequestState | None:
         shares = choose(p, "_shares_a_block", 0.5)
         block_ids = (choose_one(p, "_shared", victim.block_ids),) if shares else ()
     else:
-        return None
-    request = crosshair.core.proxy_for_class(RequestState, p.varname)
+        return request
     with ResumedTracing():
         return replace(request, block_ids=block_ids)
+
+
+def _request_state_without_drafts(p: SymbolicFactory) -> RequestState:
+    """CrossHair's own ``RequestState`` (every field symbolic, as ``proxy_for_class``
+    makes it) but for the speculative-decoding fields, left empty: a symbolic
+    ``spec_token_ids`` costs the solver a tuple on every path for states no symbolic
+    config reaches."""
+    request = p(Request, "_request")
+    outputs = p(tuple[int, ...], "_output_token_ids")
+    computed = p(int, "_num_computed_tokens")
+    preemptions = p(int, "_num_preemptions")
+    block_ids = p(tuple[int, ...], "_block_ids")
+    decoding = p(bool, "_decoding")
+    placeholders = p(int, "_num_output_placeholders")
+    in_flight = p(int, "_num_in_flight_tokens")
+    stale = p(int, "_num_stale_output_tokens")
+    with ResumedTracing():
+        return RequestState(
+            request=request,
+            output_token_ids=outputs,
+            num_computed_tokens=computed,
+            num_preemptions=preemptions,
+            block_ids=block_ids,
+            decoding=decoding,
+            num_output_placeholders=placeholders,
+            num_in_flight_tokens=in_flight,
+            num_stale_output_tokens=stale,
+        )
 
 
 _REGISTERED: dict[type, Any] = {}
