@@ -636,10 +636,9 @@ MUTANTS: tuple[Mutant, ...] = (
         "a request that stops on EOS reports its outputs without the EOS token, in spec and engine",
         (
             SPEC_SCHED,
-            "                    output_token_ids=outputs,\n"
-            "                    finish_reason=reason,\n",
-            "                    output_token_ids=outputs[:-1] if reason is FinishReason.STOP "
-            "else outputs,\n                    finish_reason=reason,\n",
+            "        output_token_ids=outputs,\n        finish_reason=reason,\n",
+            "        output_token_ids=outputs[:-1] if reason is FinishReason.STOP "
+            "else outputs,\n        finish_reason=reason,\n",
         ),
         (
             PHASES,
@@ -800,8 +799,9 @@ MUTANTS: tuple[Mutant, ...] = (
         "so it delivers tokens past an EOS or max_tokens",
         (
             SPEC_SCHED,
-            "        if reason is not None:\n            return (\n",
-            "        if reason is not None and k == len(run) - 1:\n            return (\n",
+            "        if done is not None:\n            return outputs, done, run[: k + 1]\n",
+            "        if done is not None and k == len(run) - 1:\n"
+            "            return outputs, done, run[: k + 1]\n",
         ),
         machines=("vllm",),
         expect=("plan_matches_spec",),

@@ -73,7 +73,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 
 from spec.kv import cdiv, table_blocks
-from spec.profiles import nano_caching
+from spec.profiles import nano_caching, speculative
 from spec.types import PrefixCacheState, RequestState, SchedulerConfig
 
 Key = tuple[int, ...]
@@ -416,7 +416,10 @@ def grow(
     pre: cdiv(end, config.block_size) <= len(held) + len(touch(cache, held).free_queue)
     post: grown(held, max(len(held), cdiv(end, config.block_size)), *__return__)
     """
-    cache, new = take(touch(cache, held), max(0, cdiv(end, config.block_size) - len(held)))
+    count = cdiv(end, config.block_size) - len(held)
+    if speculative(config):  # blocks ahead may already cover the chunk: take none
+        count = max(0, count)
+    cache, new = take(touch(cache, held), count)
     block_ids = (*held, *new)
     known = min(end, len(tokens))
     return key_blocks(config, cache, tokens, block_ids, start=start, end=known), block_ids

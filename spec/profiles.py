@@ -281,9 +281,8 @@ def num_tokens_with_placeholders(request: RequestState) -> int:
 def num_tokens_with_spec(request: RequestState) -> int:
     """**vllm-v1/spec-drafts-scheduled**: where a running request's chunk may end, its
     placeholders' end plus its drafts (vLLM's ``num_tokens_with_spec +
-    num_output_placeholders``; a request has drafts only without async scheduling).
-
-    post: __return__ == num_tokens_with_placeholders(request) + len(request.spec_token_ids)
+    num_output_placeholders``; a request has drafts only without async scheduling). No
+    contract: CrossHair would assume it in place of one addition in every phase.
     """
     return num_tokens_with_placeholders(request) + len(request.spec_token_ids)
 

@@ -1117,12 +1117,34 @@ def finish_reason(
 
 
 def _sampled_into(
-    config: SchedulerConfig, request: RequestState, token: int
+    config: SchedulerConfig,
+    request: RequestState,
+    token: int,
+    before: tuple[int, ...] | None = None,
 ) -> tuple[tuple[int, ...], FinishedRequest | None]:
-    """R10 for a request that samples ``token``: ``_run_into`` for a run of one
-    (applying a step under async scheduling, ``spec.pipeline``)."""
-    outputs, done, _ = _run_into(config, request, (token,))
-    return outputs, done
+    """R10 for a request that samples ``token`` after its outputs (``before``, if it
+    sampled others in this step): its outputs with the token appended, and its report
+    if ``finish_reason`` stops it (``complete_step``; applying a step under async
+    scheduling, ``spec.pipeline``). No contract of its own: CrossHair would assume it in
+    place of the body while it analyses those callers, and ``complete_step``'s contract
+    is what checks it.
+    """
+    outputs = (*(request.output_token_ids if before is None else before), token)
+    reason = finish_reason(
+        config,
+        request.request.params,
+        token,
+        len(request.request.prompt_token_ids) + len(outputs),
+        len(outputs),
+    )
+    if reason is None:
+        return outputs, None
+    return outputs, FinishedRequest(
+        request_id=request.request_id,
+        output_token_ids=outputs,
+        finish_reason=reason,
+        num_preemptions=request.num_preemptions,
+    )
 
 
 def _run_into(
@@ -1131,29 +1153,14 @@ def _run_into(
     """R10 for a request that samples the tokens of ``run`` (one, or under
     vllm-v1/spec-verify its accepted drafts and one more), appended one at a time,
     each followed by the stop checks (``_update_request_with_output``,
-    ``scheduler.py:2493-2510``): its outputs after, its report if ``finish_reason``
-    stops it, and the tokens delivered (the run, cut after the token that stopped it).
-    No contract of its own: CrossHair would assume it in place of the body while it
-    analyses those callers, and ``complete_step``'s contract is what checks it.
+    ``scheduler.py:2493-2510``): its outputs after, its report if one stops it, and the
+    tokens delivered (the run, cut after the token that stopped it).
     """
     outputs = request.output_token_ids
-    prompt_len = len(request.request.prompt_token_ids)
     for k, token in enumerate(run):
-        outputs = (*outputs, token)
-        reason = finish_reason(
-            config, request.request.params, token, prompt_len + len(outputs), len(outputs)
-        )
-        if reason is not None:
-            return (
-                outputs,
-                FinishedRequest(
-                    request_id=request.request_id,
-                    output_token_ids=outputs,
-                    finish_reason=reason,
-                    num_preemptions=request.num_preemptions,
-                ),
-                run[: k + 1],
-            )
+        outputs, done = _sampled_into(config, request, token, outputs)
+        if done is not None:
+            return outputs, done, run[: k + 1]
     return outputs, None, run
 
 
@@ -1188,7 +1195,10 @@ def samples(request: RequestState, start: int, num_tokens: int) -> bool:
     That is when the prefill is complete, or for every decode (with its drafts, under
     vllm-v1/spec-drafts-scheduled, past ``num_tokens``).
     """
-    return start + num_tokens >= num_tokens_with_placeholders(request)
+    end = num_tokens_with_placeholders(request)
+    if request.spec_token_ids:  # its drafts (vllm-v1/spec-drafts-scheduled) lie past the end
+        return start + num_tokens >= end
+    return start + num_tokens == end
 
 
 def sampling_request_ids(state_mid: SchedulerState, plan: StepPlan) -> tuple[str, ...]:
@@ -1332,7 +1342,7 @@ def complete_verified_step(
             updated[request_id] = replace(request, num_computed_tokens=end)
             continue
         run = runs.get(request_id)
-        drafts = drafts_scheduled(request, start, n)
+        drafts = drafts_scheduled(request, start, n) if request.spec_token_ids else ()
         if run is None or not valid_run(drafts, tuple(run)):
             raise _tokens_mismatch(state_mid, plan, runs)
         num_sampling += 1
@@ -1348,7 +1358,9 @@ def complete_verified_step(
                 num_preemptions=request.num_preemptions,
                 block_ids=request.block_ids,
                 decoding=tracks_decoding(config),
-                num_blocks_ahead=blocks_ahead_after(request, start, n, computed, bs),
+                num_blocks_ahead=blocks_ahead_after(request, start, n, computed, bs)
+                if drafts or request.num_blocks_ahead
+                else 0,
             )
         else:
             updated[request_id] = None

@@ -61,14 +61,8 @@ PLANTED: tuple[PlantedBug, ...] = (
         where="preemption",
         bug="a victim's GPU blocks are counted after preempt() reset its computed count",
         file="scheduler.py",
-        old=(
-            "        free += table_blocks(held, victim.num_computed_tokens, "
-            "victim.num_blocks_ahead, bs)\n"
-        ),
-        new=(
-            "        free += table_blocks(after.num_computed_tokens, after.num_computed_tokens, "
-            "after.num_blocks_ahead, bs)\n"
-        ),
+        old="        free += _blocks_released(victim, held, bs)\n",
+        new="        free += _blocks_released(after, after.num_computed_tokens, bs)\n",
         target="spec.scheduler.release_victim",
     ),
     PlantedBug(
@@ -223,8 +217,8 @@ PLANTED: tuple[PlantedBug, ...] = (
         where="finish",
         bug="the length check counts the outputs before the new token (finishes one late)",
         file="scheduler.py",
-        old="prompt_len + len(outputs), len(outputs)\n",
-        new="prompt_len + len(outputs), len(outputs) - 1\n",
+        old="        len(outputs),\n    )\n",
+        new="        len(request.output_token_ids),\n    )\n",
         target="spec.scheduler.complete_verified_step",
     ),
     PlantedBug(
@@ -247,13 +241,10 @@ PLANTED: tuple[PlantedBug, ...] = (
         where="finish",
         bug="a request that stops on EOS is reported without the EOS token",
         file="scheduler.py",
-        old=(
-            "                    output_token_ids=outputs,\n"
-            "                    finish_reason=reason,\n"
-        ),
+        old="        output_token_ids=outputs,\n        finish_reason=reason,\n",
         new=(
-            "                    output_token_ids=outputs if reason is FinishReason.LENGTH "
-            "else request.output_token_ids,\n                    finish_reason=reason,\n"
+            "        output_token_ids=outputs if reason is FinishReason.LENGTH "
+            "else request.output_token_ids,\n        finish_reason=reason,\n"
         ),
         target="spec.scheduler.complete_verified_step",
     ),

@@ -111,6 +111,9 @@ PREDICATES = {
     "spec.invariants.kv_conserved_mid_step": "a predicate the contracts use",
     "spec.invariants.live_ids_sorted": "a projection the contracts use",
     "spec.invariants.blocks_in_use": "a projection the contracts use",
+    "spec.invariants.plan_runs": "a projection the contracts use",
+    "spec.profiles.num_tokens_with_spec": "one sum, vLLM's ``num_tokens_with_spec``: the "
+    "phases would meet an assumed contract in its place",
     "spec.invariants.eos_sampled": "a predicate the contracts use",
     "spec.invariants.outputs_extended": "a predicate of phase D's contract",
     "spec.scheduler.plan_matches": "the precondition predicate of phase D",
