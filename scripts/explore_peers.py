@@ -65,7 +65,7 @@ from kvsched.peers.ours import SchedulerAdapter
 from kvsched.peers.protocol import SchedulerUnderTest
 from kvsched.peers.remote import PeerProcess, RemotePeer
 from kvsched.workload import WorkloadRequest
-from spec.oracle import Drafter, HashOracle, PromptLookupDrafter
+from spec.oracle import Drafter, HashOracle, OracleDrafter, PromptLookupDrafter
 from spec.types import (
     ConfigError,
     InvalidRequestError,
@@ -74,7 +74,6 @@ from spec.types import (
     SchedulerConfig,
     Semantics,
 )
-from tests.spec.helpers import OracleDrafter
 from tests.stateful.events import ASYNC_ABORT_EVENT, prefix_events, profile_events
 
 ORACLE_VOCAB = 8

@@ -805,6 +805,10 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
         machines=("vllm",),
         expect=("plan_matches_spec",),
+        # The machine gives the spec vLLM's runs, which vLLM cut after the stop already,
+        # so the stop is always the run's last token; killed by tests/spec/
+        # test_speculative.py (14 of its tests fail: the spec verifies full runs there).
+        equivalent="the peer cuts the runs it hands over; killed by the spec's unit tests",
     ),
     mutant(
         "spec-vllm-v1-spec-rejected-blocks-dropped",
@@ -816,7 +820,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "    return 0\n",
         ),
         machines=("vllm",),
-        expect=("spec_state_valid",),
+        expect=("observe_matches_spec",),
     ),
     mutant(
         "cm-vllm-v1-async-max-tokens-one-step-late",

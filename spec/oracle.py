@@ -118,3 +118,26 @@ class PromptLookupDrafter:
                 if tokens[start : start + n] == suffix:
                     return tokens[start + n : start + n + room]
         return ()
+
+
+@dataclass(frozen=True, slots=True)
+class OracleDrafter:
+    """Drafts a token oracle's own next ``k`` tokens, but for a wrong one at
+    ``first_wrong`` (``k`` or more: every draft right), so that a greedy model sampling
+    ``oracle`` accepts exactly ``first_wrong`` of them: a drafter whose acceptance a
+    test chooses (prompt lookup on random tokens is mostly rejected).
+    """
+
+    oracle: TokenOracle
+    k: int
+    first_wrong: int
+
+    def __call__(self, tokens: tuple[int, ...]) -> tuple[int, ...]:
+        """pre: self.k >= 0
+        post: len(__return__) == self.k
+        """
+        drafts: list[int] = []
+        for i in range(self.k):
+            token = self.oracle((*tokens, *drafts))
+            drafts.append(token + 1 if i == self.first_wrong else token)
+        return tuple(drafts)

@@ -18,9 +18,15 @@ from dataclasses import dataclass, field, replace
 
 from kvsched.peers.lockstep import Lockstep
 from kvsched.peers.vllm_v1 import EngineStep, VllmAdapter, VllmOptions
-from spec.oracle import ConstantOracle, Drafter, HashOracle, PromptLookupDrafter, TokenOracle
+from spec.oracle import (
+    ConstantOracle,
+    Drafter,
+    HashOracle,
+    OracleDrafter,
+    PromptLookupDrafter,
+    TokenOracle,
+)
 from spec.types import SamplingParams, SchedulerConfig, SchedulerState, Semantics
-from tests.spec.helpers import OracleDrafter
 
 ORACLE = HashOracle(vocab_size=8)
 NGRAM = PromptLookupDrafter(num_speculative_tokens=3, prompt_lookup_min=1, prompt_lookup_max=3)

@@ -25,24 +25,6 @@ from spec import (
 ORACLE = HashOracle(vocab_size=1000)
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class OracleDrafter:
-    """Drafts the oracle's own next ``k`` tokens, but for a wrong one at ``first_wrong``
-    (``k`` or more: every draft right), so the verify step accepts exactly
-    ``first_wrong`` of them."""
-
-    oracle: TokenOracle
-    k: int
-    first_wrong: int
-
-    def __call__(self, tokens: tuple[int, ...]) -> tuple[int, ...]:
-        drafts: list[int] = []
-        for i in range(self.k):
-            token = self.oracle((*tokens, *drafts))
-            drafts.append(token + 1 if i == self.first_wrong else token)
-        return tuple(drafts)
-
-
 def config(
     num_gpu_blocks: int,
     *,

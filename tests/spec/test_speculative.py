@@ -23,10 +23,9 @@ from spec import (
     StepPlan,
     TokenOracle,
 )
-from spec.oracle import ConstantOracle, Drafter, PromptLookupDrafter
+from spec.oracle import ConstantOracle, Drafter, OracleDrafter, PromptLookupDrafter
 from spec.speculative import PAD, verify
 from spec.types import Semantics
-from tests.spec.helpers import OracleDrafter
 
 ORACLE = HashOracle(vocab_size=8)
 

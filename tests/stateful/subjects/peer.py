@@ -16,10 +16,9 @@ from typing import Final
 from kvsched.peers import make_peer
 from kvsched.peers.known import KnownBug, classify
 from kvsched.peers.lockstep import Divergence, Lockstep
-from spec.oracle import Drafter, HashOracle, PromptLookupDrafter
+from spec.oracle import Drafter, HashOracle, OracleDrafter, PromptLookupDrafter
 from spec.types import SchedulerConfig
 from tests.peers.conftest import require_peer
-from tests.spec.helpers import OracleDrafter
 from tests.stateful.sizes import Size, Sizes
 from tests.stateful.strategies import BLOCK_SIZES
 from tests.stateful.subject import Note, Side, Subject
