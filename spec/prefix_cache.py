@@ -413,6 +413,7 @@ def grow(
 
     pre: 0 <= start <= min(end, len(tokens))
     pre: len(set(cache.free_queue)) == len(cache.free_queue) and len(set(held)) == len(held)
+    pre: len(held) <= cdiv(end, config.block_size) or speculative(config)
     pre: cdiv(end, config.block_size) <= len(held) + len(touch(cache, held).free_queue)
     post: grown(held, max(len(held), cdiv(end, config.block_size)), *__return__)
     """
