@@ -329,13 +329,13 @@ OPTION_CASES: list[tuple[str, tuple[str, ...], str]] = [
     ("long-prefill-threshold-without-vllm-v1", ("run", "{w}", "--long-prefill-token-threshold", "8"), "--long-prefill-token-threshold is a vllm-v1 setting; the kvsched profile has no long-prefill cap"),
     ("long-prefill-threshold-over-model-len", ("run", "{w}", "--semantics", "vllm-v1", "--max-model-len", "16", "--long-prefill-token-threshold", "32"), "--long-prefill-token-threshold (32) cannot be greater than --max-model-len (16)"),
     ("async-without-vllm-v1", ("run", "{w}", "--async-scheduling"), "--async-scheduling is a vllm-v1 setting; the kvsched profile schedules each step after the previous one's outputs"),
-    ("speculative-config-not-json", ("run", "{w}", "--speculative-config", "{"), "argument --speculative-config: not JSON"),
-    ("speculative-config-not-ngram", ("run", "{w}", "--speculative-config", '{"method": "eagle", "num_speculative_tokens": 2}'), 'argument --speculative-config: method must be "ngram"'),
-    ("speculative-config-no-drafts", ("run", "{w}", "--speculative-config", '{"method": "ngram"}'), "argument --speculative-config: num_speculative_tokens is required"),
-    ("speculative-config-unknown-key", ("run", "{w}", "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 2, "model": "x"}'), "argument --speculative-config: unknown key(s) ['model']"),
-    ("speculative-without-vllm-v1", ("run", "{w}", "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 2}'), "--speculative-config is a vllm-v1 setting; the kvsched profile has no speculative decoding"),
-    ("speculative-with-async", ("run", "{w}", "--semantics", "vllm-v1", "--async-scheduling", "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 2}'), "async scheduling is not supported with n-gram speculative decoding"),
-    ("speculative-in-our-engine", ("run", "{w}", "--semantics", "vllm-v1", "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 2}'), "the kvsched engine has no speculative decoding yet"),
+    ("speculative-config-not-json", ("run", "{w}", "--speculative-config", "{{"), "argument --speculative-config: not JSON"),
+    ("speculative-config-not-ngram", ("run", "{w}", "--speculative-config", '{{"method": "eagle", "num_speculative_tokens": 2}}'), 'argument --speculative-config: method must be "ngram"'),
+    ("speculative-config-no-drafts", ("run", "{w}", "--speculative-config", '{{"method": "ngram"}}'), "argument --speculative-config: num_speculative_tokens is required"),
+    ("speculative-config-unknown-key", ("run", "{w}", "--speculative-config", '{{"method": "ngram", "num_speculative_tokens": 2, "model": "x"}}'), "argument --speculative-config: unknown key(s) ['model']"),
+    ("speculative-without-vllm-v1", ("run", "{w}", "--speculative-config", '{{"method": "ngram", "num_speculative_tokens": 2}}'), "--speculative-config is a vllm-v1 setting; the kvsched profile has no speculative decoding"),
+    ("speculative-with-async", ("run", "{w}", "--semantics", "vllm-v1", "--async-scheduling", "--speculative-config", '{{"method": "ngram", "num_speculative_tokens": 2}}'), "async scheduling is not supported with n-gram speculative decoding"),
+    ("speculative-in-our-engine", ("run", "{w}", "--semantics", "vllm-v1", "--speculative-config", '{{"method": "ngram", "num_speculative_tokens": 2}}'), "the kvsched engine has no speculative decoding yet"),
 ]  # fmt: skip
 
 

@@ -237,7 +237,8 @@ def test_the_planted_table_covers_every_area() -> None:
     assert "admission (caching)" in areas and "preemption (caching)" in areas
     for queue in ("waiting", "running", "swapped"):
         assert f"abort ({queue})" in areas
-    assert any(bug.target == "spec.scheduler.complete_step" for bug in PLANTED)
+    # Phase D: its body is complete_verified_step's (complete_step is it with runs of one).
+    assert any(bug.target == "spec.scheduler.complete_verified_step" for bug in PLANTED)
 
 
 def test_the_planted_stage_finds_a_bug_and_not_a_harmless_edit() -> None:
