@@ -56,11 +56,9 @@ def blocks_to_grow(
 ) -> int:
     """The new blocks a chunk takes from a request that holds ``num_blocks_ahead``
     blocks past its computed tokens' (vllm-v1/spec-rejected-blocks-kept: its rejected
-    drafts' blocks, which the chunk fills first); ``blocks_needed`` without them.
-
-    pre: num_computed_tokens >= 0 and num_new_tokens >= 0 and num_blocks_ahead >= 0
-    pre: block_size >= 1
-    post: 0 <= __return__ <= blocks_needed(num_computed_tokens, num_new_tokens, block_size)
+    drafts' blocks, which the chunk fills first); ``blocks_needed`` without them. No
+    contract: the phases call it on every chunk, and CrossHair would assume a looser
+    one in its place; without blocks ahead it is ``blocks_needed``'s, no more.
     """
     needed = blocks_needed(num_computed_tokens, num_new_tokens, block_size)
     if num_blocks_ahead == 0:  # without drafts: no comparison for the solver to branch on
@@ -74,11 +72,8 @@ def table_blocks(
     """R2 for a running request: the blocks its table holds with ``num_cached`` tokens
     cached (its computed count, or mid-step its chunk's end): ``cdiv(num_cached, bs)``,
     or its blocks ahead of its computed tokens when they reach further
-    (vllm-v1/spec-rejected-blocks-kept).
-
-    pre: 0 <= num_computed_tokens <= num_cached
-    pre: num_blocks_ahead >= 0 and block_size >= 1
-    post: __return__ >= blocks_held(num_cached, block_size)
+    (vllm-v1/spec-rejected-blocks-kept). No contract, as for ``blocks_to_grow``:
+    without blocks ahead it is ``cdiv``'s, no more.
     """
     held = cdiv(num_cached, block_size)
     if num_blocks_ahead == 0:  # without drafts: no comparison for the solver to branch on

@@ -411,9 +411,7 @@ def blocks_to_run_by_profile(
     bs = config.block_size
     if config.semantics is Semantics.VLLM_V0:
         return blocks == blocks_needed(computed, num_tokens, bs) + (computed % bs > 0)
-    if ahead:
-        return blocks == blocks_to_grow(computed, num_tokens, ahead, bs)
-    return blocks == blocks_needed(computed, num_tokens, bs)
+    return blocks == blocks_to_grow(computed, num_tokens, ahead, bs)
 
 
 def blocks_to_run(config: SchedulerConfig, computed: int, num_tokens: int, ahead: int = 0) -> int:
@@ -438,9 +436,7 @@ def blocks_to_run(config: SchedulerConfig, computed: int, num_tokens: int, ahead
     bs = config.block_size
     if config.semantics is Semantics.VLLM_V0:
         return cdiv(computed + num_tokens, bs) - computed // bs
-    if ahead:
-        return blocks_to_grow(computed, num_tokens, ahead, bs)
-    return blocks_needed(computed, num_tokens, bs)
+    return blocks_to_grow(computed, num_tokens, ahead, bs)
 
 
 # --- nano-vllm rules (N1-N4) -----------------------------------------------------------
@@ -835,8 +831,6 @@ def gpu_blocks_owned(config: SchedulerConfig, request: RequestState, num_cached:
     """
     if reserves_generation(config):
         return generation_blocks(config, request)
-    if request.num_blocks_ahead == 0:  # (the solver then meets cdiv alone, as before drafts)
-        return cdiv(num_cached, config.block_size)
     return table_blocks(
         num_cached, request.num_computed_tokens, request.num_blocks_ahead, config.block_size
     )
@@ -863,9 +857,9 @@ def chunk_blocks(
     if reserves_generation(config):
         return 0 if on_gpu else generation_blocks(config, request)
     bs = config.block_size
-    if on_gpu and request.num_blocks_ahead:
+    if on_gpu:
         return blocks_to_grow(start, end - start, request.num_blocks_ahead, bs)
-    return cdiv(end, bs) - (cdiv(start, bs) if on_gpu else 0)
+    return cdiv(end, bs)
 
 
 def liveness_proved(config: SchedulerConfig) -> bool:

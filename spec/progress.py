@@ -133,7 +133,7 @@ def _fits(request: RequestState, config: SchedulerConfig, left: _Left, hit: tupl
     start = request.num_computed_tokens + num_hit * bs
     remaining = capped(request.num_tokens - start, left.cap)  # vllm-v1/long-prefill-cap
     n = chunk_for_prefill(remaining, left.budget, config.enable_chunked_prefill)
-    if speculative(config) and pads(
+    if pads(
         config,
         start=start,
         num_tokens=request.num_tokens - start,

@@ -34,7 +34,6 @@ from spec.invariants import (
 )
 from spec.kv import (
     blocks_held,
-    blocks_needed,
     blocks_to_grow,
     cdiv,
     chunk_for_prefill,
@@ -348,7 +347,7 @@ def victim_released(  # noqa: PLR0917  (release_victim's arguments, as its contr
     after, mode, free_after, free_cpu_after, _ = released
     bs = config.block_size
     if cache is None:
-        alone = _blocks_released(victim, held, bs)
+        alone = table_blocks(held, victim.num_computed_tokens, victim.num_blocks_ahead, bs)
     else:
         alone = len(set(victim.block_ids) - holders(others).keys())
     swapped = blocks_held(after.num_computed_tokens, bs) if mode is PreemptionMode.SWAP else 0
@@ -358,14 +357,6 @@ def victim_released(  # noqa: PLR0917  (release_victim's arguments, as its contr
         and free_cpu_after >= 0
         and free_cpu_after + swapped == free_cpu
     )
-
-
-def _blocks_released(victim: RequestState, held: int, bs: int) -> int:
-    """R2: the GPU blocks a victim's table holds with ``held`` tokens cached (its blocks
-    ahead too, vllm-v1/spec-rejected-blocks-kept)."""
-    if victim.num_blocks_ahead == 0:
-        return blocks_held(held, bs)
-    return table_blocks(held, victim.num_computed_tokens, victim.num_blocks_ahead, bs)
 
 
 def release_victim(
@@ -401,7 +392,7 @@ def release_victim(
     bs = config.block_size
     after, mode = preempt(victim, config, free_cpu)
     if cache is None:
-        free += _blocks_released(victim, held, bs)
+        free += table_blocks(held, victim.num_computed_tokens, victim.num_blocks_ahead, bs)
     else:  # PC6, PC7: shared blocks stay with their other holders
         cache = release_blocks(config, cache, victim.block_ids, holders(others))
         free = len(cache.free_queue)
@@ -577,7 +568,7 @@ def schedule_running(draft: StepDraft) -> StepDraft:
                 config, request, remaining + len(request.spec_token_ids)
             )
         n = remaining if unbudgeted else running_chunk(remaining, budget, draft.long_prefill_cap)
-        need = blocks_to_grow(computed, n, ahead, bs) if ahead else blocks_needed(computed, n, bs)
+        need = blocks_to_grow(computed, n, ahead, bs)
         while blocks_to_run(config, computed, n, ahead) > free:
             k = profile_victim(config, policy, tuple(running), i)
             victim = running.pop(k)
@@ -917,7 +908,7 @@ def admit_waiting(draft: StepDraft) -> StepDraft:
             evictable = num_evictable(cache, hit)
         start = len(hit) * bs
         room = max(free - evictable - reserve, 0)
-        pad = speculative(config) and pads(
+        pad = pads(
             config,
             start=start,
             num_tokens=request.num_tokens - start,

@@ -96,10 +96,8 @@ def pads(
     or the request has a hit, and the padded chunk leaves room for its sampled token:
     ``start + 1 + K + 1 <= max_model_len``. A padded chunk that does not fit the budget
     stops the admissions (``scheduler.py:1149-1151``: "prefer to not schedule than
-    schedule un-padded"); phase C tests that.
-
-    pre: 0 <= start and 1 <= num_tokens
-    post: not __return__ or (num_tokens == 1 and config.num_speculative_tokens > 0)
+    schedule un-padded"); phase C tests that. No contract: the predicate phase C and
+    Rule P ask of every candidate (CrossHair would assume it in their place).
     """
     drafts = config.num_speculative_tokens
     length = model_len(config)

@@ -61,8 +61,14 @@ PLANTED: tuple[PlantedBug, ...] = (
         where="preemption",
         bug="a victim's GPU blocks are counted after preempt() reset its computed count",
         file="scheduler.py",
-        old="        free += _blocks_released(victim, held, bs)\n",
-        new="        free += _blocks_released(after, after.num_computed_tokens, bs)\n",
+        old=(
+            "        free += table_blocks(held, victim.num_computed_tokens, "
+            "victim.num_blocks_ahead, bs)\n"
+        ),
+        new=(
+            "        free += table_blocks(after.num_computed_tokens, after.num_computed_tokens, "
+            "after.num_blocks_ahead, bs)\n"
+        ),
         target="spec.scheduler.release_victim",
     ),
     PlantedBug(

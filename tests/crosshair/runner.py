@@ -112,6 +112,11 @@ PREDICATES = {
     "spec.invariants.live_ids_sorted": "a projection the contracts use",
     "spec.invariants.blocks_in_use": "a projection the contracts use",
     "spec.invariants.plan_runs": "a projection the contracts use",
+    "spec.kv.blocks_to_grow": "block arithmetic of every chunk: the phases would meet an "
+    "assumed contract in its place",
+    "spec.kv.table_blocks": "R2's count of a running request's table: the phases would "
+    "meet an assumed contract in its place",
+    "spec.speculative.pads": "the padded-decode rule, a predicate phase C and Rule P ask",
     "spec.profiles.num_tokens_with_spec": "one sum, vLLM's ``num_tokens_with_spec``: the "
     "phases would meet an assumed contract in its place",
     "spec.invariants.eos_sampled": "a predicate the contracts use",
