@@ -30,18 +30,22 @@ from __future__ import annotations
 import os
 import time
 from collections import deque
+from collections.abc import Callable
 from collections.abc import Sequence as SequenceABC
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import torch
 
 from impl.block_manager import cdiv
 from impl.cache_engine import CacheEngine
 from impl.model_runner import ModelRunner
+from impl.ngram_proposer import NgramProposer
 from impl.plan import make_plan
 from impl.scheduler import Scheduler
 from impl.scheduler_output import SchedulerOutput
+from impl.speculative import check_runs
 from impl.worker import ForwardWorker
 from model import LlamaForCausalLM, build_tiny_model, resolve_device, resolve_dtype
 from spec.types import (
@@ -158,6 +162,16 @@ def checked_tokens(out: SchedulerOutput, tokens: list[int]) -> list[int]:
     return tokens
 
 
+def checked_runs(out: SchedulerOutput, runs: list[list[int]]) -> list[list[int]]:
+    """The model runner's ``runs`` for ``out`` (speculative decoding): one valid run per
+    sampling chunk, else ``SampledTokensError`` (``impl.speculative.check_runs``)."""
+    check_runs(out, runs)
+    return runs
+
+
+T = TypeVar("T")
+
+
 def _zero_by_mode() -> dict[PreemptionMode, int]:
     return dict.fromkeys(PreemptionMode, 0)
 
@@ -248,6 +262,7 @@ class LLMEngine:
         dtype: str = "float32",
         seed: int = 0,
         threads: int | None = None,
+        drafter: NgramProposer | None = None,
     ) -> None:
         if model is None:
             model = build_tiny_model(
@@ -268,6 +283,16 @@ class LLMEngine:
             block_size=config.block_size,
         )
         self.model_runner = ModelRunner(model, self.cache_engine)
+        #: speculative decoding (``num_speculative_tokens`` > 0): who drafts, by default
+        #: prompt lookup of 5-grams (vLLM's defaults for ``method: "ngram"``)
+        self.drafter: NgramProposer | None = None
+        if config.num_speculative_tokens:
+            self.drafter = drafter or NgramProposer(
+                num_speculative_tokens=config.num_speculative_tokens,
+                prompt_lookup_min=5,
+                prompt_lookup_max=5,
+                max_model_len=config.max_model_len,
+            )
         self.metrics = EngineMetrics()
         # Async scheduling: the forwards of the steps in flight (one per
         # ``scheduler.in_flight`` step), run by the worker thread.
@@ -312,9 +337,13 @@ class LLMEngine:
         out = scheduler.schedule()
         gpu_blocks_used = scheduler.gpu.num_used_blocks
         tokens_in_cache = self._tokens_in_cache(out, gpu_blocks_used)
-        tokens = self._execute(out)
-        finished = scheduler.commit(out, tokens)
-        plan = make_plan(out, finished)
+        if self.drafter is None:
+            tokens = self._execute(out, lambda: checked_tokens(out, self.model_runner.execute(out)))
+            plan = make_plan(out, scheduler.commit(out, tokens))
+        else:  # vllm-v1/spec-*: one verify forward, then the next drafts
+            runs = self._execute(out, lambda: checked_runs(out, self.model_runner.verify(out)))
+            plan = make_plan(out, scheduler.commit_verified(out, runs))
+            scheduler.propose_drafts(out, self.drafter.propose)
         self._record(out, tokens_in_cache, gpu_blocks_used, time.perf_counter() - started, plan)
         return plan
 
@@ -385,8 +414,8 @@ class LLMEngine:
         held = sum(len(seq.block_table) for seq in scheduler.running)
         return tokens - self.config.block_size * (held - gpu_blocks_used)
 
-    def _execute(self, out: SchedulerOutput) -> list[int]:
-        """Swap copies and the forward; on any error undo the step and re-raise."""
+    def _execute(self, out: SchedulerOutput, forward: Callable[[], T]) -> T:
+        """Swap copies and ``forward()``; on any error undo the step and re-raise."""
         cache_engine = self.cache_engine
         protected: list[int] = []
         saved = None
@@ -398,7 +427,7 @@ class LLMEngine:
             protected = self._reused_victim_blocks(out)
             if protected:
                 saved = cache_engine.snapshot(protected)
-            return checked_tokens(out, self.model_runner.execute(out))
+            return forward()
         except BaseException:
             if saved is not None:
                 cache_engine.restore(protected, saved)

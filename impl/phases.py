@@ -21,6 +21,13 @@ from impl.block_manager import cdiv
 from impl.prefix_cache import forget_hashes
 from impl.scheduler_output import PreemptionRecord, SchedulerOutput
 from impl.sequence import Sequence, SequenceStatus
+from impl.speculative import (
+    PAD_TOKEN_ID,
+    check_runs,
+    chunk_with_drafts,
+    may_pad,
+    pads_admission,
+)
 from spec.types import (
     FinishedRequest,
     FinishReason,
@@ -56,6 +63,7 @@ def schedule_running(sched: Scheduler, out: SchedulerOutput, budget: int) -> int
     i = 0
     nrun = len(running)
     walks_past = sched.async_scheduling
+    drafting = sched.num_speculative_tokens
     chunk_seqs = out.scheduled
     add_seq = chunk_seqs.append
     while i < nrun and budget > 0:
@@ -67,17 +75,25 @@ def schedule_running(sched: Scheduler, out: SchedulerOutput, budget: int) -> int
         # vllm-v1/async-placeholders: a decode is scheduled on its placeholder (0 without
         # async scheduling).
         n = remaining = seq.num_tokens + seq.num_output_placeholders - computed
+        if seq.spec_token_ids:  # vllm-v1/spec-drafts-scheduled
+            n = chunk_with_drafts(sched, seq, remaining)
         if 0 < cap < n:
             n = cap
         n = min(n, budget)
-        if n < remaining:  # a prefill chunk cut by the cap or the budget: it does not sample
+        # A prefill chunk cut by the cap or the budget does not sample (a chunk cut among
+        # its drafts still does).
+        cut = n < remaining
+        if cut:
             capped += 1
         table = seq.block_table
         end = computed + n
         held = len(table) * bs
         # Most decodes stay inside their last block: nothing to grow, nothing to key
-        # (vllm-v0/append-touches-last-block: but it still wants a free block).
-        if end >= held or touches_last:  # the chunk fills its last block, or runs past it
+        # (vllm-v0/append-touches-last-block: but it still wants a free block). With
+        # drafts the table may hold blocks past the chunk (vllm-v1/spec-rejected-blocks-
+        # kept) and the drafts accepted last step fill blocks not keyed yet: keys from K
+        # positions back.
+        if end >= held or touches_last or drafting:
             if end > held or touches_last:
                 need = (end - 1) // bs + 1 - len(table)
                 wanted = need + (touches_last and computed % bs != 0)
@@ -94,7 +110,7 @@ def schedule_running(sched: Scheduler, out: SchedulerOutput, budget: int) -> int
                     else:
                         preempted_itself = make_room(sched, out, i, wanted)
                     if preempted_itself:
-                        if n < remaining:
+                        if cut:
                             capped -= 1  # it was not scheduled after all
                         break  # the request preempted itself: phase A ends
                     nrun = len(running)
@@ -105,11 +121,14 @@ def schedule_running(sched: Scheduler, out: SchedulerOutput, budget: int) -> int
             # scheduling (vllm-v1/async-placeholders) the keys reach only the known
             # tokens before the placeholders, here and when a step is applied.
             known = seq.num_tokens
+            keyed = computed - drafting if drafting < computed else 0
             gpu.cache_blocks(
-                seq, computed - seq.num_output_placeholders, end if end <= known else known
+                seq, keyed - seq.num_output_placeholders, end if end <= known else known
             )
         record(n)
         add_seq(seq)
+        if drafting:
+            out.tables_before.append(held // bs)
         budget -= n
         i += 1
     out.num_samples = len(num_scheduled) - capped
@@ -193,6 +212,7 @@ def make_room_any_running(
             continue
         n = num_scheduled.pop(chunk)
         del chunk_seqs[chunk]
+        table_before = out.tables_before.pop(chunk) if out.tables_before else 0
         tokens += n
         capped += victim.num_computed + n < victim.num_tokens + victim.num_output_placeholders
         # vllm-v1/undone-chunk-unkeyed (V11)
@@ -201,6 +221,7 @@ def make_room_any_running(
         record = out.preempted[-1]
         record.undone_chunk = n
         record.undone_chunk_index = chunk
+        record.undone_table_before = table_before
     return False, tokens, behind, capped
 
 
@@ -227,6 +248,9 @@ def preempt(sched: Scheduler, out: SchedulerOutput, index: int) -> None:
         return
     seq.recomputed_until = max(seq.recomputed_until, seq.num_computed)
     seq.num_computed = 0
+    # vllm-v1/spec-propose: its drafts go with the blocks they held; it prefills again.
+    seq.spec_token_ids = []
+    seq.decoding = False
     if seq.num_in_flight_tokens:  # vllm-v1/async-stale-output: what is in flight is stale
         seq.num_output_placeholders = 0
         seq.num_stale_output_tokens = seq.num_in_flight_tokens
@@ -321,6 +345,9 @@ def admit(sched: Scheduler, out: SchedulerOutput, budget: int) -> int:
     full_sequence_gate = sched.full_sequence_gate
     whole_sequence_gate = sched.whole_sequence_gate
     cap = sched.chunk_cap
+    # vllm-v1/spec-padded-new-decode reads phase A's chunks, before any admission.
+    padding = sched.num_speculative_tokens and may_pad(out)
+    running_scheduled = bool(out.scheduled)
     # nano-vllm/seq-limit-per-step: max_num_seqs counts this step's admissions only.
     room = config.max_num_seqs - (0 if sched.prefill_first else len(running))
     while len(waiting):
@@ -336,14 +363,22 @@ def admit(sched: Scheduler, out: SchedulerOutput, budget: int) -> int:
         start = len(hit) * bs
         n = seq.num_tokens - start
         samples = True
-        if 0 < cap < n:  # vllm-v1/long-prefill-cap, before chunked prefill off's test
-            n = cap
-            samples = False
-        if n > budget:
-            if not config.enable_chunked_prefill:
+        pad = padding and pads_admission(
+            sched, start=start, num_tokens=n, running_scheduled=running_scheduled
+        )
+        if pad:  # vllm-v1/spec-padded-new-decode: padded, or not admitted at all
+            n += sched.num_speculative_tokens
+            if n > budget:
                 break
-            n = budget
-            samples = False
+        else:
+            if 0 < cap < n:  # vllm-v1/long-prefill-cap, before chunked prefill off's test
+                n = cap
+                samples = False
+            if n > budget:
+                if not config.enable_chunked_prefill:
+                    break
+                n = budget
+                samples = False
         num_blocks = cdiv(start + n, bs) - len(hit)
         free = gpu.num_free_blocks
         # PC4: a hit on a free block takes it from the free queue too.
@@ -357,13 +392,16 @@ def admit(sched: Scheduler, out: SchedulerOutput, budget: int) -> int:
         if gate and not policy.can_admit(seq, n, running=running, num_free_blocks=free):
             break
         waiting.pop()
-        # PC4: touch the hit before taking new blocks (PC5), then key them (PC2).
+        # PC4: touch the hit before taking new blocks (PC5), then key them (PC2) up to
+        # its known tokens.
         table = seq.block_table
         gpu.touch(table, hit)
         gpu.grow(table, len(hit) + num_blocks)
         seq.num_computed = start
         sched.num_cached_tokens += start
-        gpu.cache_blocks(seq, start, start + n)
+        gpu.cache_blocks(seq, start, seq.num_tokens if pad else start + n)
+        if pad:
+            seq.spec_token_ids = [PAD_TOKEN_ID] * sched.num_speculative_tokens
         out.num_queried_tokens += seq.num_tokens
         out.num_hit_tokens += start
         seq.status = _RUNNING
@@ -421,6 +459,55 @@ def commit(
                 finishing.append(seq)
     out.num_recomputed_tokens = recomputed
     sched.num_cached_tokens += out.num_batched_tokens
+    finished = finish_all(sched, out, finishing) if finishing else []
+    sched.num_steps += 1
+    return finished
+
+
+def commit_verified(
+    sched: Scheduler, out: SchedulerOutput, runs: SequenceABC[SequenceABC[int]]
+) -> list[FinishedRequest]:
+    """Phase D with drafts (vllm-v1/spec-verify): ``runs`` holds one run per sampling
+    chunk, in plan order. Each chunk's ``num_computed`` moves to its end less the drafts
+    rejected; a sampling request's drafts are cleared and its run appended one token
+    at a time, each followed by R10's stop checks (EOS, then length): a stop drops the
+    rest of the run. Every run is checked first (``check_runs``): a bad one raises
+    ``SampledTokensError`` and nothing changes."""
+    check_runs(out, runs)
+    scheduled = out.scheduled
+    finishing: list[Sequence] = []
+    add_start = out.starts.append
+    add_sampled_id = out.sampled_ids.append
+    tokens: list[int] = []
+    rejected = recomputed = 0
+    k = 0
+    for seq, n in zip(scheduled, out.num_scheduled, strict=True):
+        start = seq.num_computed
+        add_start(start)
+        if start < seq.recomputed_until:
+            recomputed += recomputed_tokens(seq, start, n)
+        end = start + n
+        if end < seq.num_tokens:
+            seq.num_computed = end
+            continue
+        run = runs[k]
+        k += 1
+        back = end - seq.num_tokens - (len(run) - 1)  # the drafts run and rejected
+        rejected += back
+        seq.num_computed = end - back
+        seq.spec_token_ids = []
+        seq.decoding = True
+        for token in run:
+            add_sampled_id(seq.request_id)
+            tokens.append(token)
+            seq.token_ids.append(token)
+            seq.num_tokens += 1
+            if token == seq.eos_token_id or seq.num_tokens == seq.stop_len:
+                finishing.append(seq)
+                break
+    out.sampled_token_ids = tuple(tokens)
+    out.num_recomputed_tokens = recomputed
+    sched.num_cached_tokens += out.num_batched_tokens - rejected
     finished = finish_all(sched, out, finishing) if finishing else []
     sched.num_steps += 1
     return finished

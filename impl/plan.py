@@ -19,7 +19,12 @@ from spec.types import FinishedRequest, Preemption, StepPlan
 def make_plan(out: SchedulerOutput, finished: Sequence[FinishedRequest]) -> StepPlan:
     """The step's ``StepPlan``, after ``commit(out, ...)`` returned ``finished``."""
     scheduled_ids = tuple([seq.request_id for seq in out.scheduled])
-    sampled_ids = scheduled_ids if out.every_chunk_samples() else tuple(out.sampled_ids)
+    # Filled by commit only when some chunk does not sample, and by a verify step always
+    # (a request's run is as many entries): else they are the scheduled ids.
+    if out.sampled_ids or not out.every_chunk_samples():
+        sampled_ids = tuple(out.sampled_ids)
+    else:
+        sampled_ids = scheduled_ids
     return _plan(out, scheduled_ids, sampled_ids, out.sampled_token_ids, finished)
 
 

@@ -39,6 +39,7 @@ def rollback(sched: Scheduler, out: SchedulerOutput) -> None:
             sched.policy.on_leave(seq)
         gpu.shrink(seq.block_table, 0)
         seq.num_computed = 0  # admitted after a prefix-cache hit, it started past 0
+        seq.spec_token_ids = []  # a padded admission's (a waiting request has none)
         seq.status = _WAITING
         sched.waiting.unpop(seq)
     out.num_admitted = 0
@@ -67,14 +68,18 @@ def rollback(sched: Scheduler, out: SchedulerOutput) -> None:
             unpreempt(sched, record)
             if record.undone_chunk:
                 chunk_seqs.insert(record.undone_chunk_index, record.seq)
+                if sched.num_speculative_tokens:
+                    out.tables_before.insert(record.undone_chunk_index, record.undone_table_before)
                 k += 1
         if k == 0:
             break
         seq = chunk_seqs[k - 1]
-        gpu.shrink(seq.block_table, cdiv(seq.num_computed, bs))
+        before = out.tables_before  # speculative decoding: the blocks it held ahead stay
+        gpu.shrink(seq.block_table, before[k - 1] if before else cdiv(seq.num_computed, bs))
         k -= 1
     assert not preempted, "rollback out of order"
     out.num_scheduled.clear()
+    out.tables_before.clear()
     out.scheduled = []
     out.swap_out.clear()
     out.swap_in.clear()
@@ -102,6 +107,8 @@ def unpreempt(sched: Scheduler, record: PreemptionRecord) -> None:
     seq.recomputed_until = record.recomputed_until
     seq.num_output_placeholders = record.num_output_placeholders
     seq.num_stale_output_tokens = record.num_stale_output_tokens
+    seq.spec_token_ids = record.spec_token_ids
+    seq.decoding = record.decoding
     seq.num_preemptions -= 1
     seq.status = _RUNNING
     sched.running.insert(record.running_index, seq)

@@ -38,7 +38,7 @@ from collections.abc import Callable
 from collections.abc import Sequence as SequenceABC
 from dataclasses import replace
 
-from impl import offload_step, phases, pipeline, reserve_step
+from impl import offload_step, phases, pipeline, reserve_step, speculative
 from impl.block_manager import BlockManager, BlockPool, cdiv
 from impl.invariants import check_invariants
 from impl.pipeline import InFlightStep
@@ -51,7 +51,6 @@ from impl.scheduler_output import SchedulerOutput
 from impl.sequence import Sequence, SequenceStatus
 from impl.snapshot import Snapshot
 from spec.types import (
-    ConfigError,
     DuplicateRequestError,
     EmptyPromptError,
     FinishedRequest,
@@ -93,13 +92,6 @@ class Scheduler:
         vocab_size: int | None = None,
         enable_preemption: bool = True,
     ) -> None:
-        if config.num_speculative_tokens:
-            # The spec states speculative decoding (spec.speculative) and vLLM's scheduler
-            # is held to it; this engine has no drafter or verify step yet (issue 20).
-            raise ConfigError(
-                "num_speculative_tokens: the kvsched engine has no speculative decoding "
-                "yet (the spec and `kvsched conform --engine vllm` have it)"
-            )
         self.config = config
         semantics = config.semantics
         # The profile rules (docs/semantics.md, "Semantics profiles"), as switches read
@@ -131,6 +123,9 @@ class Scheduler:
         self.async_scheduling = config.async_scheduling
         self.in_flight: deque[InFlightStep] = deque()
         self.has_finished_requests = False
+        #: vllm-v1/spec-*: the drafts a request verifies per step (impl/speculative.py;
+        #: the config allows them under vllm-v1 only, synchronous)
+        self.num_speculative_tokens = config.num_speculative_tokens
         #: vllm-v1/priority-victim-any-running
         self.victim_any_running = semantics is Semantics.VLLM_V1 and config.policy == "priority"
         #: nano-vllm/admission-tests-len-seq
@@ -413,6 +408,23 @@ class Scheduler:
             self.ids_held = tuple(f.request_id for f in finished)
         return finished
 
+    def commit_verified(
+        self, out: SchedulerOutput, runs: SequenceABC[SequenceABC[int]]
+    ) -> list[FinishedRequest]:
+        """Phase D under speculative decoding (vllm-v1/spec-verify): ``runs`` holds each
+        sampling chunk's run (its accepted drafts, then one more token), in plan order.
+        The caller then proposes the next drafts (``propose_drafts``)."""
+        finished = phases.commit_verified(self, out, runs)
+        self.gpu.end()
+        return finished
+
+    def propose_drafts(
+        self, out: SchedulerOutput, propose: Callable[[list[int]], SequenceABC[int]]
+    ) -> None:
+        """vllm-v1/spec-propose after ``commit_verified(out, ...)``: the drafts of the
+        requests ``out`` scheduled, from ``propose(prompt + outputs)``."""
+        speculative.propose_drafts(self, out, propose)
+
     def rollback(self, out: SchedulerOutput) -> None:
         """Undo ``schedule()`` exactly (``impl/rollback.py``); only before ``commit``."""
         if out.snapshot is not None:  # transformers, tokenspeed: the whole state back
@@ -441,6 +453,24 @@ class Scheduler:
             assert oldest.tokens is not None
             out.pending = oldest.pending(oldest.tokens)
         return self.complete_async_step(out, self._sampled(out, sample))
+
+    def step_verified(
+        self,
+        verify: Callable[[SchedulerOutput], SequenceABC[SequenceABC[int]]],
+        propose: Callable[[list[int]], SequenceABC[int]],
+    ) -> StepPlan:
+        """``step`` under speculative decoding: schedule, ``verify(output)`` (each
+        sampling chunk's run), commit, then ``propose`` the next drafts; the plan. If
+        ``verify`` raises, the step is rolled back and the error propagates."""
+        out = self.schedule()
+        try:
+            runs = list(verify(out))
+        except BaseException:
+            self.rollback(out)
+            raise
+        plan = make_plan(out, self.commit_verified(out, runs))
+        self.propose_drafts(out, propose)
+        return plan
 
     def _sampled(
         self, out: SchedulerOutput, sample: Callable[[SchedulerOutput], SequenceABC[int]]
@@ -484,6 +514,14 @@ class Scheduler:
         """The state projected onto ``spec.types.SchedulerState`` (compare with ``==``)."""
         pool = self.gpu.observe()
         running = tuple(seq.to_state() for seq in self.running)
+        if self.num_speculative_tokens:  # vllm-v1/spec-rejected-blocks-kept
+            bs = self.block_size
+            running = tuple(
+                replace(state, num_blocks_ahead=ahead)
+                if (ahead := len(seq.block_table) - cdiv(seq.num_computed, bs))
+                else state
+                for state, seq in zip(running, self.running, strict=True)
+            )
         if pool is not None:  # PC1: the spec sees each running request's block ids
             running = tuple(
                 replace(state, block_ids=tuple(seq.block_table))

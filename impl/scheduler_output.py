@@ -29,6 +29,7 @@ class PreemptionRecord:
     """One victim of phase A, with what ``rollback`` needs to put it back."""
 
     __slots__ = (
+        "decoding",
         "dropped_outputs",
         "gpu_blocks",
         "mode",
@@ -39,8 +40,10 @@ class PreemptionRecord:
         "recomputed_until",
         "running_index",
         "seq",
+        "spec_token_ids",
         "undone_chunk",
         "undone_chunk_index",
+        "undone_table_before",
     )
 
     def __init__(
@@ -60,11 +63,15 @@ class PreemptionRecord:
         self.recomputed_until = seq.recomputed_until
         self.num_output_placeholders = seq.num_output_placeholders
         self.num_stale_output_tokens = seq.num_stale_output_tokens
+        self.spec_token_ids = seq.spec_token_ids
+        self.decoding = seq.decoding
         self.dropped_outputs: list[int] = []
         #: vllm-v1/priority-victim-any-running: the victim's chunk of this step, undone
         #: by the preemption (0: it had none), and where it was among the step's chunks
         self.undone_chunk = 0
         self.undone_chunk_index = 0
+        #: speculative decoding: that chunk's ``SchedulerOutput.tables_before`` entry
+        self.undone_table_before = 0
 
 
 class SchedulerOutput:
@@ -105,6 +112,7 @@ class SchedulerOutput:
         "swap_in",
         "swap_out",
         "swapped_in",
+        "tables_before",
     )
 
     def __init__(self, step: int, num_cached_tokens: int) -> None:
@@ -143,6 +151,10 @@ class SchedulerOutput:
         #: the forward's inputs, prepared while the requests read as scheduled (the
         #: engine's async step runs the forward after they moved on)
         self.forward_input: ForwardInput | None = None
+        #: speculative decoding: each phase-A chunk's block-table length before it grew
+        #: (the table may hold blocks past ``cdiv(num_computed, block_size)``, which
+        #: rollback keeps)
+        self.tables_before: list[int] = []
 
     def clear(self) -> None:
         """Forget the step's decisions (after its state was rolled back)."""
@@ -171,8 +183,12 @@ class SchedulerOutput:
 
     def chunk_token_ids(self, seq: Sequence, start: int, n: int) -> list[int]:
         """The input tokens of ``seq``'s chunk at ``start .. start + n - 1``: its known
-        tokens, then (a chunk on a placeholder) the token the step in flight brings."""
+        tokens, then its drafts (speculative decoding) or (a chunk on a placeholder)
+        the token the step in flight brings."""
         tokens = seq.token_ids[start : start + n]
         if len(tokens) < n:
-            tokens.append(self.pending[seq])
+            if seq.spec_token_ids:
+                tokens.extend(seq.spec_token_ids[: n - len(tokens)])
+            else:
+                tokens.append(self.pending[seq])
         return tokens

@@ -57,6 +57,7 @@ class Sequence:
         "request",
         "request_id",
         "seed",
+        "spec_token_ids",
         "status",
         "stop_len",
         "temperature",
@@ -97,16 +98,21 @@ class Sequence:
         self.block_hashes: list[int] = []
         self.block_nodes: list[Node] = []
         self.status = SequenceStatus.WAITING
-        # transformers, tokenspeed: its (re)prefill is scheduled to the end (DECODING).
+        # transformers, tokenspeed: its (re)prefill is scheduled to the end (DECODING);
+        # speculative decoding: it sampled since it was last admitted (vllm-v1/spec-
+        # padded-new-decode reads it).
         self.decoding = False
+        # Speculative decoding (impl/speculative.py): the drafts its next chunk verifies,
+        # proposed after its last step (a padded admission's are PAD_TOKEN_ID).
+        self.spec_token_ids: list[int] = []
         # Stored position in the waiting queue for policies that keep a heap.
         self.queue_key = 0
 
     def samples_at(self, end: int) -> bool:
         """Whether a chunk ending at position ``end`` samples (R10): it reaches the
         request's tokens, plus its placeholders under async scheduling (the tokens the
-        steps in flight will bring)."""
-        return end == self.num_tokens + self.num_output_placeholders
+        steps in flight will bring); with drafts it runs past them."""
+        return end >= self.num_tokens + self.num_output_placeholders
 
     @property
     def output_token_ids(self) -> tuple[int, ...]:
@@ -123,6 +129,7 @@ class Sequence:
             num_output_placeholders=self.num_output_placeholders,
             num_in_flight_tokens=self.num_in_flight_tokens,
             num_stale_output_tokens=self.num_stale_output_tokens,
+            spec_token_ids=tuple(self.spec_token_ids),
         )
 
     def to_finished(self, reason: FinishReason) -> FinishedRequest:

@@ -18,6 +18,10 @@ class Span:
     token_ids: tuple[int, ...]
     start_pos: int
     block_table: tuple[int, ...]
+    #: How many of its last positions the forward returns logits for: one (the next
+    #: token), or a speculative verify's ``1 + drafts`` (each draft is checked against
+    #: the logits of the position before it).
+    num_logits: int = 1
 
     @property
     def end_pos(self) -> int:

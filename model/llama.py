@@ -113,7 +113,8 @@ class LlamaForCausalLM(torch.nn.Module):
     def forward(self, batch: ForwardBatch, kv_cache: PagedKVCache) -> torch.Tensor:
         """Run all spans, store their K/V in the cache, return next-token logits.
 
-        Returns [len(batch.spans), vocab_size] logits of each span's last token, in
+        Returns the logits of each span's last ``num_logits`` tokens (one row per span
+        by default: [len(batch.spans), vocab_size]), span after span, in
         `logits_dtype` (float32, or float64 for a float64 model).
         """
         self._check_cache(kv_cache)
@@ -136,7 +137,7 @@ class LlamaForCausalLM(torch.nn.Module):
             for layer in self.layers:
                 x = layer(x, rope, plan, kv_cache)
             last = self.norm(x.index_select(0, plan.last_rows))
-            logits = F.linear(last, self.lm_head)[: plan.num_spans]
+            logits = F.linear(last, self.lm_head)[: plan.num_logits]
             return logits.to(self.logits_dtype)
 
     def _check_cache(self, kv_cache: PagedKVCache) -> None:

@@ -98,8 +98,8 @@ class ForwardPlan:
     token_ids: torch.Tensor  # [padded_tokens]; padding rows use token 0
     positions: torch.Tensor  # [padded_tokens]
     write_slots: torch.Tensor  # [num_tokens], slot of each real token
-    last_rows: torch.Tensor  # [padded_spans], row of each span's last token
-    num_spans: int
+    last_rows: torch.Tensor  # [padded_logits], rows of each span's last num_logits tokens
+    num_logits: int  # real rows of last_rows
     max_position: int
     groups: tuple[AttentionGroup, ...]
 
@@ -135,10 +135,13 @@ def build_plan(
     if len(set(slots)) < num_tokens:
         # Two spans claiming one slot is a scheduler bug that would corrupt the cache silently.
         raise ValueError("spans of one ForwardBatch write the same KV cache slot")
-    num_spans = len(spans)
+    num_logits = sum(s.num_logits for s in spans)
     last_rows = _long_tensor(
         chain(
-            (end - 1 for end in offsets[1:]), repeat(0, round_up(num_spans, row_tile) - num_spans)
+            chain.from_iterable(
+                range(end - s.num_logits, end) for s, end in zip(spans, offsets[1:], strict=True)
+            ),
+            repeat(0, round_up(num_logits, row_tile) - num_logits),
         )
     )
 
@@ -164,7 +167,7 @@ def build_plan(
         positions=positions.to(device),
         write_slots=torch.frombuffer(slots, dtype=torch.long).to(device),
         last_rows=last_rows.to(device),
-        num_spans=num_spans,
+        num_logits=num_logits,
         max_position=max(s.end_pos for s in spans) - 1,
         groups=groups,
     )
@@ -186,6 +189,11 @@ def _validate(
     for span in spans:
         if not span.token_ids:
             raise ValueError("a Span must carry at least one token")
+        if not 1 <= span.num_logits <= len(span.token_ids):
+            raise ValueError(
+                f"Span.num_logits must be 1 to its {len(span.token_ids)} tokens, "
+                f"got {span.num_logits}"
+            )
         if span.start_pos < 0:
             raise ValueError(f"Span.start_pos must be >= 0, got {span.start_pos}")
         if len(span.block_table) * block_size < span.end_pos:

@@ -32,7 +32,7 @@ def sample_token(
         raise ValueError("logits contain NaN")
     if temperature == 0.0:
         return _first_argmax(scores)
-    generator = torch.Generator(device="cpu").manual_seed(_mix(seed or 0, output_index))
+    generator = torch.Generator(device="cpu").manual_seed(mix_seed(seed or 0, output_index))
     uniform = torch.rand(scores.shape, generator=generator, dtype=torch.float64)
     # -log(-log(u)) is standard Gumbel noise; argmax(x/T + G) ~ softmax(x/T). Clamping
     # keeps u away from 0, where log(0) would turn a legal token into -inf.
@@ -88,7 +88,7 @@ def _first_argmax(values: torch.Tensor) -> int:
     return int((values == best).nonzero()[0, 0])
 
 
-def _mix(seed: int, output_index: int) -> int:
+def mix_seed(seed: int, output_index: int) -> int:
     """SplitMix64 of the pair, so nearby (seed, index) pairs give unrelated streams."""
     z = (seed * 0x9E3779B97F4A7C15 + output_index + 1) & _MASK64
     z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64

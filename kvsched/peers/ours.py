@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from impl.engine import LLMEngine
 from impl.scheduler import Scheduler
 from impl.scheduler_output import SchedulerOutput
+from impl.speculative import drafts_run
 from kvsched.peers.protocol import Observation
 from spec.oracle import TokenOracle
 from spec.types import FinishedRequest, SamplingParams, SchedulerConfig, StepPlan
@@ -18,7 +19,11 @@ def _blocks(scheduler: Scheduler) -> dict[str, int]:
 
 class SchedulerAdapter:
     """``impl.Scheduler`` without a model: the driver's oracle samples, or ``forward``
-    (a stand-in for the model, reading the KV through the block tables) does."""
+    (a stand-in for the model, reading the KV through the block tables) does.
+
+    Under speculative decoding ``drafter`` proposes each request's drafts from its
+    tokens, and the oracle verifies them as a greedy model would, or ``verify`` (the
+    stand-in's verify forward: each sampling chunk's run) does."""
 
     name = "kvsched"
     semantics = "kvsched"
@@ -29,9 +34,15 @@ class SchedulerAdapter:
         *,
         vocab_size: int | None = None,
         forward: Callable[[SchedulerOutput], Sequence[int]] | None = None,
+        verify: Callable[[SchedulerOutput], Sequence[Sequence[int]]] | None = None,
+        drafter: Callable[[list[int]], Sequence[int]] | None = None,
     ) -> None:
         self.scheduler = Scheduler(config, vocab_size=vocab_size)
         self.forward = forward
+        self.verify = verify
+        if config.num_speculative_tokens and drafter is None:
+            raise ValueError("speculative decoding needs a drafter")
+        self.drafter = drafter
 
     def add_request(
         self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams
@@ -42,6 +53,10 @@ class SchedulerAdapter:
         return self.scheduler.abort_request(request_id)
 
     def step(self, next_token: TokenOracle) -> StepPlan:
+        if self.drafter is not None:
+            return self.scheduler.step_verified(
+                self.verify or (lambda out: greedy_runs(out, next_token)), self.drafter
+            )
         if self.forward is not None:
             return self.scheduler.step(self.forward)
 
@@ -63,6 +78,23 @@ class SchedulerAdapter:
 
     def observe(self) -> Observation:
         return Observation(state=self.scheduler.observe(), blocks=_blocks(self.scheduler))
+
+
+def greedy_runs(out: SchedulerOutput, next_token: TokenOracle) -> list[list[int]]:
+    """What a greedy model sampling ``next_token`` returns for each sampling request of
+    ``out``: its drafts while they agree with it, then its own next token."""
+    runs = []
+    for seq, n in zip(out.scheduled, out.num_scheduled, strict=True):
+        if seq.samples_at(seq.num_computed + n):
+            tokens = tuple(seq.token_ids)
+            run: list[int] = []
+            for draft in drafts_run(seq, seq.num_computed, n):
+                if draft != next_token((*tokens, *run)):
+                    break
+                run.append(draft)
+            run.append(next_token((*tokens, *run)))
+            runs.append(run)
+    return runs
 
 
 class EngineAdapter:
