@@ -32,7 +32,9 @@ spec's plans; not with ``--aborts``), and every run the prefix-cache events of t
 both sides agreed on (``prefix_events``, nano-vllm's cache rules included).
 
 ``--speculative K`` (vllm-v1): n-gram speculative decoding with 1 to ``K`` drafts a step
-on every run (vllm-v1/spec-*), drawn last; the drafts are prompt lookup of 1-3 tokens
+(vllm-v1/spec-*), drawn last, and at most the budget and the long-prefill threshold less
+one (the config refuses more: a padded decode must fit the budget and not be cut; a
+budget or threshold of 1 leaves no drafts); the drafts are prompt lookup of 1-3 tokens
 (vLLM's own proposer's rules) on half the runs and the oracle's own tokens, right up to
 a random point, on the others, the same on both sides.
 """
@@ -211,8 +213,8 @@ def draw(
         )
     if async_scheduling:  # vllm-v1/async-*: after every other draw, so the runs are the same
         config = dataclasses.replace(config, async_scheduling=True)
-    if speculative:  # vllm-v1/spec-*: last too; a padded decode must not be cut
-        drafts = rng.randint(1, speculative)
+    if speculative:  # vllm-v1/spec-*: last too; a padded decode must fit, and not be cut
+        drafts = min(rng.randint(1, speculative), config.max_num_batched_tokens - 1)
         if config.long_prefill_token_threshold:
             drafts = min(drafts, config.long_prefill_token_threshold - 1)
         config = dataclasses.replace(config, num_speculative_tokens=drafts)

@@ -96,7 +96,9 @@ def pads(
     or the request has a hit, and the padded chunk leaves room for its sampled token:
     ``start + 1 + K + 1 <= max_model_len``. A padded chunk that does not fit the budget
     stops the admissions (``scheduler.py:1149-1151``: "prefer to not schedule than
-    schedule un-padded"); phase C tests that. No contract: the predicate phase C and
+    schedule un-padded"); phase C tests that. Under a budget below ``1 + K`` a padded
+    chunk could never fit and the request would wait forever, as in vLLM, so the config
+    refuses that budget (``SchedulerConfig``). No contract: the predicate phase C and
     Rule P ask of every candidate (CrossHair would assume it in their place).
     """
     drafts = config.num_speculative_tokens

@@ -176,7 +176,9 @@ class SchedulerConfig:
     #: vllm-v1 only (vllm-v1/spec-*, spec.speculative): the drafts a request may verify
     #: per step (vLLM's ``speculative_config.num_speculative_tokens``, n-gram drafting);
     #: 0, the default, is no speculative decoding. vLLM turns async scheduling off for
-    #: the n-gram drafter (``config/vllm.py:1597-1611``), so the two are refused together.
+    #: the n-gram drafter (``config/vllm.py:1597-1611``), so the two are refused together;
+    #: so is a ``max_num_batched_tokens`` below ``1 + K``, where vLLM never drains
+    #: (vllm-v1/spec-padded-new-decode: a padded decode never fits the budget).
     num_speculative_tokens: int = 0
 
     def __post_init__(self) -> None:
@@ -306,6 +308,21 @@ class SchedulerConfig:
                 f"{prefix}: long_prefill_token_threshold ({self.long_prefill_token_threshold}) "
                 f"below 1 + num_speculative_tokens ({1 + drafts}) cuts a padded decode "
                 "short of its drafts (vLLM 0.32 fails on it)"
+            )
+        if drafts and self.max_num_batched_tokens < 1 + drafts:
+            # scheduler.py:1131-1151: a waiting request with a one-token chunk (a prefix
+            # hit up to its last token, a resumed request) is padded to 1 + K tokens, and a
+            # padded chunk over the budget breaks admission ("prefer to not schedule than
+            # schedule un-padded"). Under a budget below 1 + K it never fits, so admission
+            # stops at that request on every step and the engine never drains. vLLM
+            # accepts the config (config/vllm.py:2254-2290 wants the budget above the
+            # drafting slots only, 0 for n-gram) and livelocks (strict xfail in
+            # tests/peers/test_vllm_engine_order.py; docs/repros/spec_padded_decode_over_budget.py).
+            raise ConfigError(
+                f"{prefix}: max_num_batched_tokens ({self.max_num_batched_tokens}) below "
+                f"1 + num_speculative_tokens ({1 + drafts}): a padded decode never fits the "
+                "budget, so vLLM 0.32 never schedules it and never drains "
+                f"(vllm-v1/spec-padded-new-decode; use max_num_batched_tokens >= {1 + drafts})"
             )
         if length > capacity:
             # v1/core/kv_cache_utils.py check_enough_kv_cache_memory: one max_model_len

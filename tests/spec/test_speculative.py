@@ -207,6 +207,19 @@ def test_configs_the_profile_refuses(fields: dict[str, int | bool]) -> None:
         vconfig(**fields)
 
 
+def test_a_budget_below_a_padded_decode_is_refused() -> None:
+    """vllm-v1/spec-padded-new-decode: a padded one-token admission (1 + 3 tokens) could
+    never fit a budget of 3, and admission would stop at it every step (vLLM 0.32 never
+    drains: tests/peers/test_vllm_engine_order.py); a budget of 1 + 3 is accepted."""
+    with pytest.raises(ConfigError, match=r"max_num_batched_tokens \(3\) below 1 \+ num_spec"):
+        vconfig(max_num_batched_tokens=3, max_num_seqs=2)
+    for budget, drafts in ((4, 3), (1, 0)):  # 1 + K, and any budget without drafts
+        config = vconfig(
+            max_num_batched_tokens=budget, max_num_seqs=1, num_speculative_tokens=drafts
+        )
+        assert config.max_num_batched_tokens == budget
+
+
 def test_speculative_decoding_is_a_vllm_v1_setting() -> None:
     with pytest.raises(ConfigError, match="vllm-v1 setting"):
         SchedulerConfig(num_gpu_blocks=4, num_speculative_tokens=2)

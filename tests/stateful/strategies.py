@@ -125,8 +125,8 @@ def profile_configs(
     with ``enable_prefix_caching`` set to ``prefix_caching``; with ``async_scheduling``
     (vllm-v1 only: the vLLM machines) async scheduling on half the time, drawn last;
     with ``speculative`` (vllm-v1, synchronous configs) half of the others decode
-    speculatively, 1-4 drafts a step (at most the long-prefill threshold less one),
-    drawn after.
+    speculatively, 1-4 drafts a step (at most the budget and the long-prefill threshold
+    less one), drawn after.
 
     vllm-v1, nano-vllm: recompute only, no CPU pool. vllm-v1: ``lifo`` or ``priority``,
     ``max_num_batched_tokens >= max_num_seqs``, ``max_model_len`` drawn or the default
@@ -173,7 +173,10 @@ def profile_configs(
     drafts = 0
     if speculative and not asynchronous and draw(st.booleans()):
         drafts = draw(st.integers(1, 4))
-        if threshold:  # a padded decode must not be cut (SchedulerConfig refuses it)
+        # A padded decode (1 + K tokens) must fit the budget (vLLM never drains if it
+        # cannot) and must not be cut by the threshold: SchedulerConfig refuses both.
+        drafts = min(drafts, max_num_batched_tokens - 1)
+        if threshold:
             drafts = min(drafts, threshold - 1)
     return draw(
         printable_config(
