@@ -180,6 +180,10 @@ REPROS = {
         "vllm",
         "request Y hits block 15, position 4, which no forward wrote",
     ),
+    "spec_padded_decode_over_budget.py": (
+        "vllm",
+        "request(s) ['r1'] wait, none is running, and schedule() scheduled nothing",
+    ),
     "n12_full_hit_prefill.py": ("nano-vllm", "request r1 is prefilled with 0 tokens"),
     "n5_victim_stays_running.py": ("nano-vllm", "are queued twice after a preemption"),
     "n2_n6_never_scheduled.py": ("nano-vllm", "schedule() raised AssertionError"),
