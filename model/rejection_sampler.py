@@ -43,12 +43,16 @@ def verify_drafts(
 ) -> list[int]:
     """The run of one request: ``logits`` [len(drafts) + 1, vocab] (see the module doc).
     ``output_index`` is the output index of the token row 0 samples. A draft outside
-    the vocabulary (a pad, -1) is never accepted."""
+    the vocabulary (a pad, -1) is never accepted. Logits with a NaN raise ``ValueError``,
+    as ``model.sampling`` does."""
     if logits.dim() != 2 or logits.shape[0] != len(drafts) + 1:
         raise ValueError(
             f"{len(drafts)} drafts need {len(drafts) + 1} logits rows, got {tuple(logits.shape)}"
         )
     scores = logits.detach().to("cpu", torch.float64)
+    if bool(torch.isnan(scores).any()):
+        # As model.sampling: greedy argmax would take a NaN for the largest score.
+        raise ValueError("logits contain NaN")
     vocab = scores.shape[1]
     run: list[int] = []
     if temperature == 0.0:
