@@ -199,6 +199,13 @@ class EngineMetrics:
       both lower it, and it never exceeds 1.
     * ``step_time_s``: wall time spent in committed ``step()`` calls;
       ``tokens_per_s`` is ``generated_tokens / step_time_s``.
+    * speculative decoding (vllm-v1/spec-*): ``draft_tokens`` the drafts verified (a
+      padded admission's aside), ``accepted_tokens`` those delivered as outputs,
+      ``verify_runs`` the sampling chunks that ran drafts; ``acceptance_rate`` is
+      accepted / drafts, ``mean_accepted_length`` the tokens a run with drafts
+      delivers on average (1 + accepted / runs: vLLM's mean acceptance length), and
+      ``tokens_per_forward`` the generated tokens per step that ran a forward
+      (``forwards``).
     * prefix caching (PC3-PC5): ``prefix_cache_queries`` the tokens of admitted
       requests (looked up), ``prefix_cache_hits`` the tokens of theirs found cached
       (not run through the model), ``prefix_cache_hit_rate`` their ratio, and
@@ -219,6 +226,22 @@ class EngineMetrics:
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
     reclaimed_cached_blocks: int = 0
+    forwards: int = 0
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    verify_runs: int = 0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted_tokens / self.draft_tokens if self.draft_tokens else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        return 1 + self.accepted_tokens / self.verify_runs if self.verify_runs else 0.0
+
+    @property
+    def tokens_per_forward(self) -> float:
+        return self.generated_tokens / self.forwards if self.forwards else 0.0
 
     @property
     def num_preemptions(self) -> int:
@@ -470,6 +493,10 @@ class LLMEngine:
         metrics.recomputed_tokens += out.num_recomputed_tokens
         metrics.scheduled_tokens += out.num_batched_tokens
         metrics.generated_tokens += len(plan.sampled_ids)  # async: the applied step's
+        metrics.forwards += bool(out.scheduled)
+        metrics.draft_tokens += out.num_draft_tokens
+        metrics.accepted_tokens += out.num_accepted_tokens
+        metrics.verify_runs += out.num_verify_runs
         metrics.prefix_cache_queries += out.num_queried_tokens
         metrics.prefix_cache_hits += out.num_hit_tokens
         if out.queued:  # an async step that scheduled nothing began no pool step

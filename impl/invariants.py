@@ -2,7 +2,8 @@
 
 Every live request is in exactly one queue with the status of that queue; waiting
 requests hold no blocks; running and swapped ones hold ``cdiv(num_computed, bs)``
-blocks of their pool; free + owned == total in both pools; the cached-token counter
+blocks of their pool (a running one, under speculative decoding, also the blocks of
+its rejected drafts); free + owned == total in both pools; the cached-token counter
 and the policy's own state agree with the queues.
 """
 
@@ -51,7 +52,12 @@ def check_invariants(sched: Scheduler) -> None:
                 if status is _RUNNING and sched.reserves_generation:
                     owned = reserve_blocks(seq, bs)  # tokenspeed/reserve-generation
                 if status is _RUNNING:
-                    assert len(seq.block_table) == owned and not seq.cpu_block_table, seq
+                    # vllm-v1/spec-rejected-blocks-kept: the blocks of up to K rejected
+                    # drafts stay in the table.
+                    ahead = len(seq.block_table) - owned
+                    drafts = sched.num_speculative_tokens
+                    most = cdiv(seq.num_computed + drafts, bs) - cdiv(seq.num_computed, bs)
+                    assert 0 <= ahead <= most and not seq.cpu_block_table, seq
                     cached += seq.num_computed
                 else:
                     assert len(seq.cpu_block_table) == owned and not seq.block_table, seq

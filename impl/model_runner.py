@@ -105,6 +105,7 @@ class ModelRunner:
                 token_ids=(*span.token_ids, pending[seq]),
                 start_pos=span.start_pos,
                 block_table=span.block_table,
+                num_logits=span.num_logits,
             )
         return ForwardBatch(spans=tuple(spans))
 

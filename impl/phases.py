@@ -454,8 +454,8 @@ def commit(
             if add_sampled_id is not None:
                 add_sampled_id(seq.request_id)
             seq.token_ids.append(token)
-            seq.num_tokens = num_tokens = computed + 1
-            if token == seq.eos_token_id or num_tokens == seq.stop_len:
+            seq.num_tokens = computed + 1
+            if seq.stops(token):
                 finishing.append(seq)
     out.num_recomputed_tokens = recomputed
     sched.num_cached_tokens += out.num_batched_tokens
@@ -492,19 +492,28 @@ def commit_verified(
             continue
         run = runs[k]
         k += 1
-        back = end - seq.num_tokens - (len(run) - 1)  # the drafts run and rejected
+        drafted = end - seq.num_tokens
+        back = drafted - (len(run) - 1)  # the drafts run and rejected
         rejected += back
+        real = drafted > 0 and seq.spec_token_ids[0] != PAD_TOKEN_ID
         seq.num_computed = end - back
         seq.spec_token_ids = []
         seq.decoding = True
+        delivered = 0
         for token in run:
             add_sampled_id(seq.request_id)
             tokens.append(token)
             seq.token_ids.append(token)
             seq.num_tokens += 1
-            if token == seq.eos_token_id or seq.num_tokens == seq.stop_len:
+            delivered += 1
+            if seq.stops(token):
                 finishing.append(seq)
                 break
+        if real:  # a padded admission's drafts are not proposals
+            out.num_draft_tokens += drafted
+            # The drafts among the tokens delivered (a stop may cut the run after one).
+            out.num_accepted_tokens += min(delivered, len(run) - 1)
+            out.num_verify_runs += 1
     out.sampled_token_ids = tuple(tokens)
     out.num_recomputed_tokens = recomputed
     sched.num_cached_tokens += out.num_batched_tokens - rejected

@@ -154,7 +154,7 @@ def apply(sched: Scheduler) -> tuple[list[Sequence], list[int], list[FinishedReq
             seq.num_output_placeholders -= 1
             if seq.status is _RUNNING:
                 gpu.cache_blocks(seq, keyed, keyed + 1)
-        if token == seq.eos_token_id or seq.num_tokens == seq.stop_len:
+        if seq.stops(token):
             finished.append(finish_applied(sched, seq))
     if finished:
         sched.has_finished_requests = True

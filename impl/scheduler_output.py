@@ -92,14 +92,17 @@ class SchedulerOutput:
     __slots__ = (
         "first_scheduled",
         "forward_input",
+        "num_accepted_tokens",
         "num_admitted",
         "num_batched_tokens",
         "num_cached_tokens_before",
+        "num_draft_tokens",
         "num_hit_tokens",
         "num_queried_tokens",
         "num_recomputed_tokens",
         "num_samples",
         "num_scheduled",
+        "num_verify_runs",
         "pending",
         "preempted",
         "queued",
@@ -130,6 +133,11 @@ class SchedulerOutput:
         self.swap_in: list[tuple[int, int]] = []
         self.num_cached_tokens_before = num_cached_tokens
         self.num_recomputed_tokens = 0  # set by commit
+        #: speculative decoding (set by commit_verified): drafts verified (a padded
+        #: admission's aside), those delivered as outputs, and the runs that had drafts
+        self.num_draft_tokens = 0
+        self.num_accepted_tokens = 0
+        self.num_verify_runs = 0
         # Prefix caching: the admitted requests' tokens looked up, and those hit (PC3).
         self.num_queried_tokens = 0
         self.num_hit_tokens = 0

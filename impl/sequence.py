@@ -114,6 +114,11 @@ class Sequence:
         steps in flight will bring); with drafts it runs past them."""
         return end >= self.num_tokens + self.num_output_placeholders
 
+    def stops(self, token: int) -> bool:
+        """R10, with ``token`` just appended: it is the request's EOS, or the request
+        holds ``stop_len`` tokens (``max_tokens`` outputs, or ``max_model_len``)."""
+        return token == self.eos_token_id or self.num_tokens == self.stop_len
+
     @property
     def output_token_ids(self) -> tuple[int, ...]:
         return tuple(self.token_ids[self.num_prompt_tokens :])

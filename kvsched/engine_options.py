@@ -131,7 +131,7 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="vllm-v1 only: schedule each step before the previous step's outputs are "
         "applied, as vLLM's AsyncScheduler (default: on for conform --engine vllm, as in "
-        "vLLM 0.32; off elsewhere; our engine does not run it yet)",
+        "vLLM 0.32; off elsewhere)",
     )
     g.add_argument(
         "--speculative-config",
@@ -140,7 +140,7 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
         metavar="JSON",
         help="vllm-v1 only: n-gram speculative decoding with vLLM's keys, e.g. "
         '\'{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}\' '
-        "(async scheduling then defaults off, as in vLLM; our engine does not run it yet)",
+        "(async scheduling then defaults off, as in vLLM)",
     )
     g.add_argument("--device", choices=DEVICES, default="auto", help="(default auto)")
     g.add_argument("--dtype", choices=DTYPES, default="float32", help="(default float32)")

@@ -19,6 +19,7 @@ import torch
 from safetensors import SafetensorError
 
 from impl import LLMEngine
+from impl.ngram_proposer import NgramProposer
 from kvsched.errors import CLIInputError
 from kvsched.progress import warn
 from kvsched.workload import WorkloadRequest
@@ -193,6 +194,17 @@ def make_engine(
     config: SchedulerConfig, args: argparse.Namespace, model: LlamaForCausalLM
 ) -> LLMEngine:
     """An engine over ``model``; ``KVAllocationError`` if its KV pools cannot be allocated."""
+    lookup = args.speculative_config  # the n-gram drafter's settings, or None
+    drafter = (
+        None
+        if lookup is None
+        else NgramProposer(
+            num_speculative_tokens=lookup.num_speculative_tokens,
+            prompt_lookup_min=lookup.prompt_lookup_min,
+            prompt_lookup_max=lookup.prompt_lookup_max,
+            max_model_len=config.max_model_len,
+        )
+    )
     try:
         return LLMEngine(
             config,
@@ -201,6 +213,7 @@ def make_engine(
             dtype=args.dtype,
             seed=args.seed,
             threads=args.threads,
+            drafter=drafter,
         )
     except (MemoryError, RuntimeError) as e:
         if not _allocation_failed(e):

@@ -7,12 +7,17 @@
      "metrics": {"steps", "preemptions", "preemptions_by_mode", "swap_out_blocks",
                  "swap_in_blocks", "recomputed_tokens", "peak_gpu_blocks_used", "num_gpu_blocks",
                  "kv_utilization", "tokens_per_s",
-                 "prefix_cache": {"queries", "hits", "hit_rate", "reclaimed_blocks"}},
+                 "prefix_cache": {"queries", "hits", "hit_rate", "reclaimed_blocks"},
+                 "speculative": {"draft_tokens", "accepted_tokens", "acceptance_rate",
+                                 "mean_accepted_length", "tokens_per_forward"}},
      "interrupted": null | {"signal", "after_step"}}
 
 ``metrics.preemptions_by_mode`` counts the victims by the mode used, every mode named
 (``{"recompute", "restart", "swap"}``; a swap that fell back to recompute is a
-recompute). ``metrics.prefix_cache`` is there only with ``--enable-prefix-caching``.
+recompute). ``metrics.prefix_cache`` is there only with ``--enable-prefix-caching``,
+``metrics.speculative`` only with ``--speculative-config`` (``impl.engine.EngineMetrics``
+defines its figures: drafts verified, those accepted, their ratio, the tokens a run
+with drafts delivers on average, the tokens generated per forward).
 
 Requests are in workload order; ``line`` is the request's line in the workload file
 (two requests may share an id once the first has finished), ``error`` the refusal of
@@ -65,6 +70,15 @@ def to_document(result: RunResult) -> dict[str, object]:
             "hits": pc.hits,
             "hit_rate": pc.hit_rate,
             "reclaimed_blocks": pc.reclaimed_blocks,
+        }
+    if m.speculative is not None:
+        sp = m.speculative
+        metrics["speculative"] = {
+            "draft_tokens": sp.draft_tokens,
+            "accepted_tokens": sp.accepted_tokens,
+            "acceptance_rate": sp.acceptance_rate,
+            "mean_accepted_length": sp.mean_accepted_length,
+            "tokens_per_forward": sp.tokens_per_forward,
         }
     return {
         "requests": [

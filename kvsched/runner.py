@@ -20,7 +20,13 @@ from collections.abc import Callable, Sequence
 
 from kvsched.drive import Drive, StepCallback, admission_window, drive, unfinished_outcome
 from kvsched.engine_protocol import Engine
-from kvsched.results import PrefixCacheMetrics, RequestOutcome, RunMetrics, RunResult
+from kvsched.results import (
+    PrefixCacheMetrics,
+    RequestOutcome,
+    RunMetrics,
+    RunResult,
+    SpeculativeMetrics,
+)
 from kvsched.workload import WorkloadRequest
 from spec.types import SchedulerConfig
 
@@ -51,6 +57,15 @@ def metrics_of(engine: Engine, d: Drive, config: SchedulerConfig) -> RunMetrics:
             reclaimed_blocks=m.reclaimed_cached_blocks,
         )
         if config.enable_prefix_caching
+        else None,
+        speculative=SpeculativeMetrics(
+            draft_tokens=m.draft_tokens,
+            accepted_tokens=m.accepted_tokens,
+            verify_runs=m.verify_runs,
+            forwards=m.forwards,
+            tokens=m.generated_tokens,
+        )
+        if config.num_speculative_tokens
         else None,
     )
 
@@ -164,6 +179,7 @@ def _sum_metrics(runs: Sequence[RunMetrics]) -> RunMetrics:
         preemptions_by_mode=dict(by_mode),
         tokens_sampled=tokens,
         prefix_cache=_sum_prefix_cache(runs),
+        speculative=_sum_speculative(runs),
     )
 
 
@@ -175,4 +191,17 @@ def _sum_prefix_cache(runs: Sequence[RunMetrics]) -> PrefixCacheMetrics | None:
         queries=sum(c.queries for c in caches),
         hits=sum(c.hits for c in caches),
         reclaimed_blocks=sum(c.reclaimed_blocks for c in caches),
+    )
+
+
+def _sum_speculative(runs: Sequence[RunMetrics]) -> SpeculativeMetrics | None:
+    parts = [m.speculative for m in runs if m.speculative is not None]
+    if not parts:
+        return None
+    return SpeculativeMetrics(
+        draft_tokens=sum(p.draft_tokens for p in parts),
+        accepted_tokens=sum(p.accepted_tokens for p in parts),
+        verify_runs=sum(p.verify_runs for p in parts),
+        forwards=sum(p.forwards for p in parts),
+        tokens=sum(p.tokens for p in parts),
     )

@@ -43,6 +43,13 @@ def render_summary(result: RunResult, *, title: str = "run") -> str:
             f"prefix cache: hit rate {pc.hit_rate:.1%} ({pc.hits} of {pc.queries} tokens)"
             + f"; reclaimed cached blocks: {pc.reclaimed_blocks}"
         )
+    if m.speculative is not None:
+        sp = m.speculative
+        lines.append(
+            f"speculative decoding: {sp.accepted_tokens} of {sp.draft_tokens} drafts accepted "
+            f"({sp.acceptance_rate:.1%}), mean accepted length {sp.mean_accepted_length:.2f}"
+            f"; {sp.tokens_per_forward:.2f} tokens per forward"
+        )
     bad = [o for o in outcomes if o.state == REJECTED]
     if bad:
         lines.append("rejected:")

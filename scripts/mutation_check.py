@@ -243,9 +243,9 @@ MUTANTS: tuple[Mutant, ...] = (
         "eos-ignored",
         "the engine never stops on the EOS token",
         (
-            PHASES,
-            "if token == seq.eos_token_id or num_tokens == seq.stop_len:",
-            "if num_tokens == seq.stop_len:",
+            "impl/sequence.py",
+            "return token == self.eos_token_id or self.num_tokens == self.stop_len",
+            "return self.num_tokens == self.stop_len",
         ),
         expect=DIVERGES,
         quick=True,
@@ -270,7 +270,11 @@ MUTANTS: tuple[Mutant, ...] = (
     mutant(
         "length-off-by-one",
         "a request finishes one output after max_tokens",
-        (PHASES, "num_tokens == seq.stop_len:", "num_tokens - 1 == seq.stop_len:"),
+        (
+            "impl/sequence.py",
+            "self.num_tokens == self.stop_len",
+            "self.num_tokens - 1 == self.stop_len",
+        ),
         expect=DIVERGES,
     ),
     mutant(
@@ -578,7 +582,11 @@ MUTANTS: tuple[Mutant, ...] = (
             "    if num_outputs >= max_tokens:\n        return True\n",
             "    if num_outputs > max_tokens:\n        return True\n",
         ),
-        (PHASES, "num_tokens == seq.stop_len:", "num_tokens - 1 == seq.stop_len:"),
+        (
+            "impl/sequence.py",
+            "self.num_tokens == self.stop_len",
+            "self.num_tokens - 1 == self.stop_len",
+        ),
         # A drain (teardown) runs no state invariant per step: the toy's solo run,
         # which the mutants do not touch, stops at max_tokens.
         expect=("spec_state_valid", "plan_valid", "outputs_match_solo"),
@@ -777,7 +785,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "spec-vllm-v1-spec-no-padding",
         "vllm-v1/spec-padded-new-decode: the spec admits a one-token chunk unpadded",
         (SPEC_SPECULATIVE, "        drafts > 0\n        and num_tokens == 1\n", "        False\n"),
-        # Only the spec and vLLM decode speculatively (the engine refuses it).
+        # Run against vLLM's scheduler (our scheduler machine, which now decodes
+        # speculatively too, would see it as well).
         machines=("vllm",),
         expect=("plan_matches_spec",),
     ),
@@ -821,6 +830,101 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
         machines=("vllm",),
         expect=("observe_matches_spec",),
+    ),
+    mutant(
+        "vllm-v1-spec-rejected-draft-computed",
+        "vllm-v1/spec-verify: the engine counts one rejected draft as computed",
+        (
+            PHASES,
+            "        seq.num_computed = end - back\n",
+            "        seq.num_computed = end - back + (back > 0)\n",
+        ),
+        machines=("scheduler",),
+        # The engine's own state check (computed past its tokens) or the spec's.
+        expect=("plan_matches_spec", "observe_matches_spec", "real_self_check"),
+    ),
+    mutant(
+        "vllm-v1-spec-drafts-kept-on-preemption",
+        "vllm-v1/spec-propose: the engine keeps a victim's drafts, so its re-prefill runs them",
+        (
+            PHASES,
+            "    # vllm-v1/spec-propose: its drafts go with the blocks they held; it prefills "
+            "again.\n    seq.spec_token_ids = []\n",
+            "",
+        ),
+        machines=("scheduler",),
+        expect=("observe_matches_spec", "plan_matches_spec"),
+    ),
+    mutant(
+        "vllm-v1-spec-accepted-drafts-unkeyed",
+        "vllm-v1/spec-unkeyed-drafts: the engine keys blocks from num_computed only, so a "
+        "block the last step's accepted drafts filled never gets its key",
+        (
+            PHASES,
+            "            keyed = computed - drafting if drafting < computed else 0\n",
+            "            keyed = computed\n",
+        ),
+        machines=("prefix-scheduler",),
+        expect=("observe_matches_spec",),
+    ),
+    mutant(
+        "vllm-v1-spec-rollback-drops-blocks-ahead",
+        "vllm-v1/spec-rejected-blocks-kept: a rolled-back step shrinks each chunk's table "
+        "to its computed tokens, dropping the blocks its rejected drafts held",
+        (
+            ROLLBACK,
+            "        gpu.shrink(seq.block_table, before[k - 1] if before else "
+            "cdiv(seq.num_computed, bs))\n",
+            "        gpu.shrink(seq.block_table, cdiv(seq.num_computed, bs))\n",
+        ),
+        machines=("scheduler",),
+        expect=("observe_matches_spec", "blocks_conserved", "real_self_check"),
+    ),
+    mutant(
+        "vllm-v1-spec-bonus-from-the-last-row",
+        "vllm-v1/spec-verify: the engine's greedy verify takes its own token from the last "
+        "logits row even when a draft before it was rejected",
+        (
+            "model/rejection_sampler.py",
+            "        run.append(targets[len(run)])\n",
+            "        run.append(targets[-1])\n",
+        ),
+        machines=("engine",),
+        expect=("sampled_tokens_match_solo",),
+    ),
+    mutant(
+        "cm-vllm-v1-spec-no-padding",
+        "vllm-v1/spec-padded-new-decode: spec and engine admit a one-token chunk unpadded",
+        (SPEC_SPECULATIVE, "        drafts > 0\n        and num_tokens == 1\n", "        False\n"),
+        (
+            PHASES,
+            "    padding = sched.num_speculative_tokens and may_pad(out)\n",
+            "    padding = False\n",
+        ),
+        # Both sides agree; vLLM's scheduler pads.
+        machines=("vllm",),
+        expect=("plan_matches_spec",),
+        common_mode=True,
+    ),
+    mutant(
+        "cm-vllm-v1-spec-rejected-blocks-dropped",
+        "vllm-v1/spec-rejected-blocks-kept: spec and engine give back the blocks of the "
+        "rejected drafts at once",
+        (
+            SPEC_SPECULATIVE,
+            "    return max(0, held - cdiv(computed, block_size))\n",
+            "    return 0\n",
+        ),
+        (
+            PHASES,
+            "        seq.num_computed = end - back\n",
+            "        seq.num_computed = end - back\n"
+            "        sched.gpu.shrink(seq.block_table, cdiv(seq.num_computed, sched.block_size))\n",
+        ),
+        # Both sides agree; vLLM's scheduler keeps the blocks.
+        machines=("vllm",),
+        expect=("observe_matches_spec",),
+        common_mode=True,
     ),
     mutant(
         "cm-vllm-v1-async-max-tokens-one-step-late",

@@ -9,7 +9,7 @@ from impl.scheduler import Scheduler
 from impl.scheduler_output import SchedulerOutput
 from impl.speculative import drafts_run
 from kvsched.peers.protocol import Observation
-from spec.oracle import TokenOracle
+from spec.oracle import Drafter, TokenOracle
 from spec.types import FinishedRequest, SamplingParams, SchedulerConfig, StepPlan
 
 
@@ -21,9 +21,10 @@ class SchedulerAdapter:
     """``impl.Scheduler`` without a model: the driver's oracle samples, or ``forward``
     (a stand-in for the model, reading the KV through the block tables) does.
 
-    Under speculative decoding ``drafter`` proposes each request's drafts from its
-    tokens, and the oracle verifies them as a greedy model would, or ``verify`` (the
-    stand-in's verify forward: each sampling chunk's run) does."""
+    Under speculative decoding ``drafter`` (a pure function, as the spec's drafters)
+    proposes each request's drafts from its tokens, and the oracle verifies them as a
+    greedy model would, or ``verify`` (the stand-in's verify forward: each sampling
+    chunk's run) does."""
 
     name = "kvsched"
     semantics = "kvsched"
@@ -35,7 +36,7 @@ class SchedulerAdapter:
         vocab_size: int | None = None,
         forward: Callable[[SchedulerOutput], Sequence[int]] | None = None,
         verify: Callable[[SchedulerOutput], Sequence[Sequence[int]]] | None = None,
-        drafter: Callable[[list[int]], Sequence[int]] | None = None,
+        drafter: Drafter | None = None,
     ) -> None:
         self.scheduler = Scheduler(config, vocab_size=vocab_size)
         self.forward = forward
@@ -53,9 +54,11 @@ class SchedulerAdapter:
         return self.scheduler.abort_request(request_id)
 
     def step(self, next_token: TokenOracle) -> StepPlan:
-        if self.drafter is not None:
+        drafter = self.drafter
+        if drafter is not None:
             return self.scheduler.step_verified(
-                self.verify or (lambda out: greedy_runs(out, next_token)), self.drafter
+                self.verify or (lambda out: greedy_runs(out, next_token)),
+                lambda tokens: drafter(tuple(tokens)),
             )
         if self.forward is not None:
             return self.scheduler.step(self.forward)

@@ -336,7 +336,6 @@ OPTION_CASES: list[tuple[str, tuple[str, ...], str]] = [
     ("speculative-without-vllm-v1", ("run", "{w}", "--speculative-config", '{{"method": "ngram", "num_speculative_tokens": 2}}'), "--speculative-config is a vllm-v1 setting; the kvsched profile has no speculative decoding"),
     ("speculative-with-async", ("run", "{w}", "--semantics", "vllm-v1", "--async-scheduling", "--speculative-config", '{{"method": "ngram", "num_speculative_tokens": 2}}'), "async scheduling is not supported with n-gram speculative decoding"),
     ("speculative-budget-below-drafts", ("conform", "{w}", "--engine", "vllm", "--max-num-batched-tokens", "1", "--max-num-seqs", "1", "--speculative-config", '{{"method": "ngram", "num_speculative_tokens": 1}}'), "--semantics vllm-v1: --max-num-batched-tokens (1) below 1 + --speculative-config (2): a padded decode never fits the budget, so vLLM 0.32 never schedules it and never drains (vllm-v1/spec-padded-new-decode; use --max-num-batched-tokens >= 2)"),
-    ("speculative-in-our-engine", ("run", "{w}", "--semantics", "vllm-v1", "--speculative-config", '{{"method": "ngram", "num_speculative_tokens": 2}}'), "the kvsched engine has no speculative decoding yet"),
 ]  # fmt: skip
 
 

@@ -39,7 +39,8 @@ import spec
 from impl.engine import EngineMetrics
 from kvsched.workload import WorkloadRequest
 from spec.kv import blocks_held
-from spec.profiles import nano_caching
+from spec.profiles import nano_caching, speculative
+from spec.speculative import PAD, drafts_scheduled, num_accepted
 from spec.types import PreemptionMode, SchedulerConfig, SchedulerState, StepPlan
 
 #: ``tokens(mid, plan)``: the token each sampling request of a step samples.
@@ -70,6 +71,10 @@ class MetricTrace:
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
     reclaimed_blocks: int = 0
+    forwards: int = 0
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    verify_runs: int = 0
     #: arrival -> the most tokens the request has had computed at any step's start
     most_computed: dict[int, int] = field(default_factory=dict)
 
@@ -100,6 +105,15 @@ class MetricTrace:
             self.recomputed_tokens += max(
                 0, min(chunk.start + chunk.num_tokens, most) - chunk.start
             )
+        self.forwards += bool(plan.scheduled)
+        if speculative(self.config):
+            runs = spec.plan_runs(plan)
+            for chunk in plan.scheduled:
+                drafts = drafts_scheduled(running[chunk.request_id], chunk.start, chunk.num_tokens)
+                if drafts and PAD not in drafts and chunk.request_id in runs:
+                    self.draft_tokens += len(drafts)
+                    self.accepted_tokens += num_accepted(drafts, runs[chunk.request_id])
+                    self.verify_runs += 1
         self.peak_gpu_blocks_used = max(
             self.peak_gpu_blocks_used, self.config.num_gpu_blocks - mid.num_free_gpu_blocks
         )
@@ -136,6 +150,15 @@ class MetricTrace:
                 "hits": hits,
                 "hit_rate": hits / queries if queries else 0.0,
                 "reclaimed_blocks": self.reclaimed_blocks,
+            }
+        if speculative(self.config):
+            drafts, accepted, runs = self.draft_tokens, self.accepted_tokens, self.verify_runs
+            metrics["speculative"] = {
+                "draft_tokens": drafts,
+                "accepted_tokens": accepted,
+                "acceptance_rate": accepted / drafts if drafts else 0.0,
+                "mean_accepted_length": 1 + accepted / runs if runs else 0.0,
+                "tokens_per_forward": self.tokens_sampled / self.forwards if self.forwards else 0.0,
             }
         return metrics
 
@@ -220,6 +243,14 @@ def engine_counters(metrics: EngineMetrics, config: SchedulerConfig) -> dict[str
             "hits": metrics.prefix_cache_hits,
             "hit_rate": metrics.prefix_cache_hit_rate,
             "reclaimed_blocks": metrics.reclaimed_cached_blocks,
+        }
+    if speculative(config):
+        counters["speculative"] = {
+            "draft_tokens": metrics.draft_tokens,
+            "accepted_tokens": metrics.accepted_tokens,
+            "acceptance_rate": metrics.acceptance_rate,
+            "mean_accepted_length": metrics.mean_accepted_length,
+            "tokens_per_forward": metrics.tokens_per_forward,
         }
     counters["scheduled_tokens"] = metrics.scheduled_tokens
     counters["generated_tokens"] = metrics.generated_tokens

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import impl
 import spec
+from impl.block_manager import cdiv
 from impl.scheduler import Scheduler
 from spec.pipeline import applied_from
 from spec.profiles import gpu_blocks_owned, model_len
@@ -75,7 +76,20 @@ def blocks_conserved(scheduler: Scheduler) -> None:
         except impl.BlockAllocationError as error:
             raise InvariantViolation("blocks_conserved", f"{name}: {error}") from error
     config = scheduler.config
+    drafts = config.num_speculative_tokens
+    bs = config.block_size
     for seq in scheduler.running:
+        if drafts:
+            # vllm-v1/spec-rejected-blocks-kept: the blocks of at most K rejected drafts
+            # stay (how many exactly is the lockstep's comparison with the spec's count).
+            held = len(seq.block_table)
+            if not cdiv(seq.num_computed, bs) <= held <= cdiv(seq.num_computed + drafts, bs):
+                fail(
+                    "blocks_conserved",
+                    f"{seq!r} has {held} GPU blocks for {seq.num_computed} tokens and at "
+                    f"most {drafts} rejected drafts",
+                )
+            continue
         # R2 by profile: under tokenspeed/reserve-generation the request's reserve.
         owns = gpu_blocks_owned(config, seq.to_state(), seq.num_computed)
         if len(seq.block_table) != owns:

@@ -113,8 +113,9 @@ UNDONE_PREFILL_EVENT: Final = "vllm-v1/undone-chunk-unkeyed: an undone prefill c
 
 #: vllm-v0/watermark needs a pool of 100 blocks or more (1% of it is the watermark) whose
 #: free blocks are exactly what the waiting or swapped head needs: a few examples in the
-#: scheduler subject's ci run, fewer than one in the engine's (the same
-#: impl.Scheduler code), so only the scheduler subject requires it.
+#: scheduler subject's ci run on some streams, none on others, fewer than one in the
+#: engine's (the same impl.Scheduler code); the vLLM V0 machine requires it, and
+#: tests/impl/test_watermark.py takes it on a fixed workload.
 WATERMARK_EVENT: Final = "vllm-v0/watermark: the watermark held back an admission or a swap-in"
 
 #: Paths our machines (the toy scheduler's and the engine's subjects) must reach in a

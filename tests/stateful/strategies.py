@@ -51,6 +51,7 @@ def engine_configs(
     *,
     prefix_caching: bool = False,
     async_scheduling: bool = False,
+    speculative: bool = False,
 ) -> SchedulerConfig:
     """Small pools so preemption really happens; every mode, policy and block size.
 
@@ -62,7 +63,8 @@ def engine_configs(
     small to twice the GPU pool. With ``prefix_caching`` the config turns it on (every
     profile may) and the mode is recompute or restart (caching refuses swap); the other
     draws are the same. ``async_scheduling``: vllm-v1 configs draw it on half the time
-    (``profile_configs``).
+    (``profile_configs``); ``speculative``: half the synchronous vllm-v1 ones decode
+    speculatively.
     """
     # One choice draws nothing (the kvsched-only machines keep their examples).
     semantics = (
@@ -76,6 +78,7 @@ def engine_configs(
                 semantics,
                 prefix_caching=prefix_caching,
                 async_scheduling=async_scheduling and semantics is Semantics.VLLM_V1,
+                speculative=speculative and semantics is Semantics.VLLM_V1,
             )
         )
     block_size = draw(st.sampled_from(BLOCK_SIZES))

@@ -90,6 +90,11 @@ class Side:
         default the lockstep's token oracle on the request's own prefix."""
         return toy_solo(prompt, params, self.lock.next_token)
 
+    def solo_holds(self, params: SamplingParams) -> bool:
+        """Whether a request's outputs must equal its solo run's token for token (the
+        engine's rejection sampling at temperature > 0 matches them in distribution only)."""
+        return True
+
     def arm_fault(self, kind: str, when_preempting: bool) -> None:
         """Arm ``kind`` (one of ``strategies.FAULT_KINDS``); under ``Capabilities.faults``
         only. The step it fires in raises ``InjectedFault`` and is rolled back."""

@@ -47,6 +47,12 @@ class ToyModel:
         self.fired: list[str] = []
 
     def forward(self, out: SchedulerOutput) -> list[int]:
+        return [run[-1] for run in self.verify(out)]
+
+    def verify(self, out: SchedulerOutput) -> list[list[int]]:
+        """The forward; each sampling chunk's run: with drafts (speculative decoding)
+        the drafts while they equal the oracle's token at their position, then the
+        oracle's next token (a greedy model's verify); without, that one token."""
         saved = (self.gpu.copy(), self.cpu.copy())
         try:
             return self._forward(out)
@@ -82,7 +88,7 @@ class ToyModel:
         )
         return seq.block_table[block] * self.block_size + position % self.block_size
 
-    def _forward(self, out: SchedulerOutput) -> list[int]:
+    def _forward(self, out: SchedulerOutput) -> list[list[int]]:
         if out.swap_out and self._armed("swap-out copy", out):
             self._fire("swap-out copy")
         self._copy(self.gpu, self.cpu, out.swap_out)
@@ -93,7 +99,7 @@ class ToyModel:
             self._fire("forward")
         gpu = self.gpu
         written: set[int] = set()
-        tokens: list[int] = []
+        runs: list[list[int]] = []
         for seq, n in zip(out.scheduled, out.num_scheduled, strict=True):
             start = seq.num_computed
             chunk = out.chunk_token_ids(seq, start, n)  # a placeholder's token from out.pending
@@ -123,10 +129,20 @@ class ToyModel:
                 gpu[slot] = (seq.arrival, position, token)
                 context.append(token)
             if seq.samples_at(start + n):
-                tokens.append(self.oracle(tuple(context)))
+                # Position p scores the token after context[: p + 1]; the chunk's drafts
+                # (speculative decoding) are its positions past the request's tokens.
+                drafted = start + n - seq.num_tokens if seq.spec_token_ids else 0
+                known = len(context) - drafted
+                run: list[int] = []
+                for draft in context[known:]:
+                    if draft != self.oracle(tuple(context[: known + len(run)])):
+                        break
+                    run.append(draft)
+                run.append(self.oracle(tuple(context[: known + len(run)])))
+                runs.append(run)
         if self._armed("forward after KV write", out):
             self._fire("forward after KV write")
-        return tokens
+        return runs
 
 
 def toy_solo(prompt: tuple[int, ...], params: SamplingParams, oracle: Oracle) -> tuple[int, ...]:

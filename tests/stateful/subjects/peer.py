@@ -16,7 +16,7 @@ from typing import Final
 from kvsched.peers import make_peer
 from kvsched.peers.known import KnownBug, classify
 from kvsched.peers.lockstep import Divergence, Lockstep
-from spec.oracle import Drafter, HashOracle, OracleDrafter, PromptLookupDrafter
+from spec.oracle import Drafter, HashOracle, OracleDrafter, PromptLookupDrafter, TokenOracle
 from spec.types import SchedulerConfig
 from tests.peers.conftest import require_peer
 from tests.stateful.sizes import Size, Sizes
@@ -77,7 +77,7 @@ def speculative_config(config: SchedulerConfig) -> PromptLookupDrafter | None:
 
 
 def example_drafter(
-    config: SchedulerConfig, speculative: PromptLookupDrafter | None
+    config: SchedulerConfig, speculative: PromptLookupDrafter | None, oracle: TokenOracle = ORACLE
 ) -> Drafter | None:
     """Who proposes the example's drafts, on both sides: prompt lookup (vLLM's n-gram
     proposer, which ``PromptLookupDrafter`` restates: scripts/crosscheck_prompt_lookup.py)
@@ -87,7 +87,7 @@ def example_drafter(
     if speculative is None or config.max_num_batched_tokens % 2:
         return None
     k = speculative.num_speculative_tokens
-    return OracleDrafter(ORACLE, k, (config.num_gpu_blocks + config.max_num_seqs) % (k + 2))
+    return OracleDrafter(oracle, k, (config.num_gpu_blocks + config.max_num_seqs) % (k + 2))
 
 
 @dataclass(frozen=True, kw_only=True)

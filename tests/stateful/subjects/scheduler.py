@@ -20,16 +20,13 @@ from impl.scheduler_output import SchedulerOutput
 from kvsched.peers.lockstep import Lockstep
 from kvsched.peers.ours import SchedulerAdapter
 from spec.types import SchedulerConfig
-from tests.stateful.coverage import (
-    PREFIX_REQUIRED_EVENTS,
-    REQUIRED_EVENTS,
-    WATERMARK_EVENT,
-)
-from tests.stateful.events import ASYNC_EVENTS
+from tests.stateful.coverage import PREFIX_REQUIRED_EVENTS, REQUIRED_EVENTS
+from tests.stateful.events import ASYNC_EVENTS, SPEC_EVENTS
 from tests.stateful.sizes import Size, Sizes
 from tests.stateful.strategies import WITHOUT_VLLM_V0, engine_configs
 from tests.stateful.subject import Note, Side, Subject
 from tests.stateful.subjects import OURS
+from tests.stateful.subjects.peer import example_drafter, speculative_config
 from tests.stateful.toy import ToyModel
 
 #: A small vocabulary (prompt tokens, the oracle's range), yet large enough that an EOS
@@ -41,17 +38,31 @@ ORACLE = spec.HashOracle(vocab_size=VOCAB, salt=7)
 class ToySide(Side):
     def __init__(self, config: SchedulerConfig, note: Note) -> None:
         """The toy samples with ``ORACLE`` through the real block tables, the spec with it
-        on its own view of each request (``spec_samples``)."""
+        on its own view of each request (``spec_samples``). Under speculative decoding
+        both sides take drafts from the example's drafter (the vLLM machine's:
+        ``example_drafter``) and the toy verifies them through the block tables."""
         self.toy = ToyModel(config, ORACLE)
         self.note = note
-        real = SchedulerAdapter(config, vocab_size=VOCAB, forward=self.forward)
-        lock = Lockstep(real, config, ORACLE, spec_samples=True, vocab_size=VOCAB)
+        drafter = example_drafter(config, speculative_config(config), ORACLE) or (
+            speculative_config(config)
+        )
+        real = SchedulerAdapter(
+            config,
+            vocab_size=VOCAB,
+            forward=self.forward,
+            verify=self.verify,
+            drafter=drafter,
+        )
+        lock = Lockstep(real, config, ORACLE, spec_samples=True, vocab_size=VOCAB, drafter=drafter)
         super().__init__(lock, scheduler=real.scheduler)
 
     def forward(self, out: SchedulerOutput) -> list[int]:
+        return [run[-1] for run in self.verify(out)]
+
+    def verify(self, out: SchedulerOutput) -> list[list[int]]:
         fired = len(self.toy.fired)
         try:
-            return self.toy.forward(out)
+            return self.toy.verify(out)
         finally:
             for kind in self.toy.fired[fired:]:
                 self.note(f"fault: {kind}")
@@ -73,7 +84,7 @@ SCHEDULER = ToyScheduler(
     name="scheduler",
     machine="SchedulerDifferential",
     caps=OURS,
-    configs=engine_configs(async_scheduling=True),
+    configs=engine_configs(async_scheduling=True, speculative=True),
     sizes=Sizes(
         ci=Size(2_000, 50),
         dev=Size(60, 40),
@@ -82,8 +93,10 @@ SCHEDULER = ToyScheduler(
     ),
     # Not required: UNDONE_VICTIM_EVENT (tests/stateful/coverage.py), reached in 28 steps
     # of one ci stream and none of the next (2026-12-03, async drawn on half the vllm-v1
-    # examples); tests/impl/test_undone_victim.py reaches it every time.
-    required=REQUIRED_EVENTS | {WATERMARK_EVENT} | ASYNC_EVENTS,
+    # examples); tests/impl/test_undone_victim.py reaches it every time. WATERMARK_EVENT,
+    # reached a few times per stream until speculative decoding was drawn and none on
+    # the stream after (2026-12-04); tests/impl/test_watermark.py reaches it every time.
+    required=REQUIRED_EVENTS | ASYNC_EVENTS | SPEC_EVENTS,
     vocab=VOCAB,
 )
 
@@ -94,13 +107,15 @@ PREFIX_SCHEDULER = ToyScheduler(
     name="prefix-scheduler",
     machine="PrefixSchedulerDifferential",
     caps=replace(OURS, swap=False, caching=True),
-    configs=engine_configs(WITHOUT_VLLM_V0, prefix_caching=True, async_scheduling=True),
+    configs=engine_configs(
+        WITHOUT_VLLM_V0, prefix_caching=True, async_scheduling=True, speculative=True
+    ),
     sizes=Sizes(
         ci=Size(1_300, 50),
         dev=Size(60, 40),
         nightly=Size(10_000, 100, targeting=True),
         mutation=Size(600, 40),
     ),
-    required=PREFIX_REQUIRED_EVENTS | ASYNC_EVENTS,
+    required=PREFIX_REQUIRED_EVENTS | ASYNC_EVENTS | SPEC_EVENTS,
     vocab=VOCAB,
 )
