@@ -45,7 +45,7 @@ from impl.ngram_proposer import NgramProposer
 from impl.plan import make_plan
 from impl.scheduler import Scheduler
 from impl.scheduler_output import SchedulerOutput
-from impl.speculative import check_runs
+from impl.speculative import SpeculativeCounts, check_runs
 from impl.worker import ForwardWorker
 from model import LlamaForCausalLM, build_tiny_model, resolve_device, resolve_dtype
 from spec.types import (
@@ -201,11 +201,9 @@ class EngineMetrics:
       ``tokens_per_s`` is ``generated_tokens / step_time_s``.
     * speculative decoding (vllm-v1/spec-*): ``draft_tokens`` the drafts verified (a
       padded admission's aside), ``accepted_tokens`` those delivered as outputs,
-      ``verify_runs`` the sampling chunks that ran drafts; ``acceptance_rate`` is
-      accepted / drafts, ``mean_accepted_length`` the tokens a run with drafts
-      delivers on average (1 + accepted / runs: vLLM's mean acceptance length), and
-      ``tokens_per_forward`` the generated tokens per step that ran a forward
-      (``forwards``).
+      ``verify_runs`` the sampling chunks that ran drafts, ``forwards`` the steps that
+      ran a forward; ``speculative`` has them with their ratios (acceptance rate, mean
+      accepted length, tokens per forward: ``impl.speculative.SpeculativeCounts``).
     * prefix caching (PC3-PC5): ``prefix_cache_queries`` the tokens of admitted
       requests (looked up), ``prefix_cache_hits`` the tokens of theirs found cached
       (not run through the model), ``prefix_cache_hit_rate`` their ratio, and
@@ -232,16 +230,14 @@ class EngineMetrics:
     verify_runs: int = 0
 
     @property
-    def acceptance_rate(self) -> float:
-        return self.accepted_tokens / self.draft_tokens if self.draft_tokens else 0.0
-
-    @property
-    def mean_accepted_length(self) -> float:
-        return 1 + self.accepted_tokens / self.verify_runs if self.verify_runs else 0.0
-
-    @property
-    def tokens_per_forward(self) -> float:
-        return self.generated_tokens / self.forwards if self.forwards else 0.0
+    def speculative(self) -> SpeculativeCounts:
+        return SpeculativeCounts(
+            draft_tokens=self.draft_tokens,
+            accepted_tokens=self.accepted_tokens,
+            verify_runs=self.verify_runs,
+            forwards=self.forwards,
+            tokens=self.generated_tokens,
+        )
 
     @property
     def num_preemptions(self) -> int:

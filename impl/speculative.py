@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from collections.abc import Sequence as SequenceABC
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from impl.scheduler_output import SchedulerOutput
@@ -116,3 +117,31 @@ def propose_drafts(
         if seq.status is running:
             in_run = seq.request_id in sampled
             seq.spec_token_ids = list(propose(seq.token_ids))[:limit] if in_run else []
+
+
+@dataclass(frozen=True, slots=True)
+class SpeculativeCounts:
+    """What speculative decoding did over a run (``EngineMetrics.speculative``; ``kvsched
+    run``'s summary and ``--json``): the drafts verified (a padded admission's aside),
+    those delivered as outputs, the sampling chunks that ran drafts, and the forwards
+    and the tokens generated in them."""
+
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    verify_runs: int = 0
+    forwards: int = 0
+    tokens: int = 0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted_tokens / self.draft_tokens if self.draft_tokens else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """The tokens a run with drafts delivers on average (vLLM's mean acceptance
+        length): 1 + accepted / runs."""
+        return 1 + self.accepted_tokens / self.verify_runs if self.verify_runs else 0.0
+
+    @property
+    def tokens_per_forward(self) -> float:
+        return self.tokens / self.forwards if self.forwards else 0.0

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the light commands load this module, not the engine's
+    from impl.speculative import SpeculativeCounts
 
 REJECTED = "rejected"  # the finish reason of a request the engine refused at add_request
 
@@ -71,31 +75,6 @@ class PrefixCacheMetrics:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class SpeculativeMetrics:
-    """Speculative decoding's counters (``--speculative-config`` only): drafts verified,
-    those delivered as outputs, the runs with drafts, and the forwards and tokens they
-    came in (``impl.engine.EngineMetrics`` defines each)."""
-
-    draft_tokens: int = 0
-    accepted_tokens: int = 0
-    verify_runs: int = 0
-    forwards: int = 0
-    tokens: int = 0
-
-    @property
-    def acceptance_rate(self) -> float:
-        return self.accepted_tokens / self.draft_tokens if self.draft_tokens else 0.0
-
-    @property
-    def mean_accepted_length(self) -> float:
-        return 1 + self.accepted_tokens / self.verify_runs if self.verify_runs else 0.0
-
-    @property
-    def tokens_per_forward(self) -> float:
-        return self.tokens / self.forwards if self.forwards else 0.0
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
 class RunMetrics:
     """The ``metrics`` object of the ``--json`` document (plus a few extras)."""
 
@@ -111,7 +90,7 @@ class RunMetrics:
     preemptions_by_mode: dict[str, int] = field(default_factory=dict)
     tokens_sampled: int = 0  # every sampled token, including ones a restart discarded
     prefix_cache: PrefixCacheMetrics | None = None  # None: prefix caching off
-    speculative: SpeculativeMetrics | None = None  # None: no speculative decoding
+    speculative: SpeculativeCounts | None = None  # None: no speculative decoding
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

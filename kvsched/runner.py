@@ -18,6 +18,7 @@ import dataclasses
 from collections import Counter
 from collections.abc import Callable, Sequence
 
+from impl.speculative import SpeculativeCounts
 from kvsched.drive import Drive, StepCallback, admission_window, drive, unfinished_outcome
 from kvsched.engine_protocol import Engine
 from kvsched.results import (
@@ -25,7 +26,6 @@ from kvsched.results import (
     RequestOutcome,
     RunMetrics,
     RunResult,
-    SpeculativeMetrics,
 )
 from kvsched.workload import WorkloadRequest
 from spec.types import SchedulerConfig
@@ -58,15 +58,7 @@ def metrics_of(engine: Engine, d: Drive, config: SchedulerConfig) -> RunMetrics:
         )
         if config.enable_prefix_caching
         else None,
-        speculative=SpeculativeMetrics(
-            draft_tokens=m.draft_tokens,
-            accepted_tokens=m.accepted_tokens,
-            verify_runs=m.verify_runs,
-            forwards=m.forwards,
-            tokens=m.generated_tokens,
-        )
-        if config.num_speculative_tokens
-        else None,
+        speculative=m.speculative if config.num_speculative_tokens else None,
     )
 
 
@@ -194,11 +186,11 @@ def _sum_prefix_cache(runs: Sequence[RunMetrics]) -> PrefixCacheMetrics | None:
     )
 
 
-def _sum_speculative(runs: Sequence[RunMetrics]) -> SpeculativeMetrics | None:
+def _sum_speculative(runs: Sequence[RunMetrics]) -> SpeculativeCounts | None:
     parts = [m.speculative for m in runs if m.speculative is not None]
     if not parts:
         return None
-    return SpeculativeMetrics(
+    return SpeculativeCounts(
         draft_tokens=sum(p.draft_tokens for p in parts),
         accepted_tokens=sum(p.accepted_tokens for p in parts),
         verify_runs=sum(p.verify_runs for p in parts),

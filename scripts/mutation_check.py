@@ -878,7 +878,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "        gpu.shrink(seq.block_table, cdiv(seq.num_computed, bs))\n",
         ),
         machines=("scheduler",),
-        expect=("observe_matches_spec", "blocks_conserved", "real_self_check"),
+        expect=("fault_rolls_back", "observe_matches_spec", "blocks_conserved", "real_self_check"),
     ),
     mutant(
         "vllm-v1-spec-bonus-from-the-last-row",

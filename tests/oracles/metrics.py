@@ -245,12 +245,13 @@ def engine_counters(metrics: EngineMetrics, config: SchedulerConfig) -> dict[str
             "reclaimed_blocks": metrics.reclaimed_cached_blocks,
         }
     if speculative(config):
+        figures = metrics.speculative
         counters["speculative"] = {
-            "draft_tokens": metrics.draft_tokens,
-            "accepted_tokens": metrics.accepted_tokens,
-            "acceptance_rate": metrics.acceptance_rate,
-            "mean_accepted_length": metrics.mean_accepted_length,
-            "tokens_per_forward": metrics.tokens_per_forward,
+            "draft_tokens": figures.draft_tokens,
+            "accepted_tokens": figures.accepted_tokens,
+            "acceptance_rate": figures.acceptance_rate,
+            "mean_accepted_length": figures.mean_accepted_length,
+            "tokens_per_forward": figures.tokens_per_forward,
         }
     counters["scheduled_tokens"] = metrics.scheduled_tokens
     counters["generated_tokens"] = metrics.generated_tokens
