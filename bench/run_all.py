@@ -22,6 +22,7 @@ from bench import (
     queue_scaling,
     scheduler_overhead,
     seed_workload,
+    speculative,
     startup,
     throughput,
 )
@@ -36,6 +37,7 @@ SCRIPTS: list[tuple[str, Main, list[str], list[str]]] = [
     ("preemption_cost", preemption_cost.main, [], ["--repeats", "3"]),
     ("throughput", throughput.main, [], ["--repeats", "2"]),
     ("prefix_caching", prefix_caching.main, [], []),
+    ("speculative", speculative.main, [], ["--repeats", "3"]),
     ("profile_step", profile_step.main, [], []),
     ("queue_scaling", queue_scaling.main, [], ["--repeats", "2"]),
     ("startup", startup.main, [], []),

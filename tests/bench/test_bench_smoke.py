@@ -31,6 +31,7 @@ EXPECTED = {
     "preemption_cost": "recompute",
     "profile_step": "Scheduler.step",
     "prefix_caching": "outputs equal",
+    "speculative": "outputs equal",
     "queue_scaling": "memory per waiting request",
     "startup": "kvsched --version",
     "async_overlap": "outputs vs sync",
