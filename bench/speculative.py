@@ -59,6 +59,7 @@ from bench._common import (
 )
 from impl import LLMEngine
 from impl.ngram_proposer import NgramProposer
+from impl.speculative import SpeculativeCounts
 from kvsched.distributions import IntDistribution
 from kvsched.workload import GeneratorSettings, generate_workload
 from model import LlamaForCausalLM, build_tiny_model
@@ -72,29 +73,18 @@ WORKLOADS = ("repetitive", "random")
 class Measure:
     wall: list[float] = field(default_factory=list)
     steps: int = 0
-    forwards: int = 0
     forward_tokens: int = 0
     generated: int = 0
-    drafts: int = 0
-    accepted: int = 0
-    acceptance_rate: float = 0.0
-    mean_accepted_length: float = 0.0
-    tokens_per_forward: float = 0.0
+    figures: SpeculativeCounts = field(default_factory=SpeculativeCounts)
     outputs: list[tuple[int, ...]] = field(default_factory=list)
 
     def record(self, engine: LLMEngine, finished: list[FinishedRequest], wall: float) -> None:
         m = engine.metrics
         self.wall.append(wall)
         self.steps = m.steps
-        self.forwards = m.forwards
         self.forward_tokens = m.scheduled_tokens
         self.generated = m.generated_tokens
-        self.drafts = m.draft_tokens
-        self.accepted = m.accepted_tokens
-        # The ratios from the raw counters, as EngineMetrics defines them.
-        self.acceptance_rate = m.accepted_tokens / m.draft_tokens if m.draft_tokens else 0.0
-        self.mean_accepted_length = 1 + m.accepted_tokens / m.verify_runs if m.verify_runs else 0.0
-        self.tokens_per_forward = m.generated_tokens / m.forwards if m.forwards else 0.0
+        self.figures = m.speculative
         self.outputs = [f.output_token_ids for f in finished]
 
 
@@ -162,17 +152,18 @@ def run_setting(
 
 def row(workload: str, setting: str, m: Measure) -> list[object]:
     wall = median(m.wall)
+    f = m.figures
     return [
         workload,
         setting,
         m.steps,
-        m.forwards,
+        f.forwards,
         m.forward_tokens,
-        m.drafts,
-        m.accepted,
-        f"{m.acceptance_rate:.1%}" if m.drafts else "-",
-        f"{m.mean_accepted_length:.2f}" if m.drafts else "-",
-        f"{m.tokens_per_forward:.2f}",
+        f.draft_tokens,
+        f.accepted_tokens,
+        f"{f.acceptance_rate:.1%}" if f.draft_tokens else "-",
+        f"{f.mean_accepted_length:.2f}" if f.draft_tokens else "-",
+        f"{f.tokens_per_forward:.2f}",
         f"{wall:.3f}",
         spread(m.wall),
         f"{m.generated / wall:.0f}",
