@@ -954,12 +954,17 @@ def make_tokens(
     by_id = {r.request_id: r for r in (*state.running, *state.waiting)}
     tokens: dict[str, int] = {}
     runs = getattr(value_type, "__origin__", value_type) is tuple
+    # R10's EOS finish: the token is the request's EOS on a share of the paths (else the
+    # solver's first answer rarely is; measured: D-eos-dropped was missed). Half of them
+    # for complete_verified_step, whose stop checks run token by token through
+    # _run_into (at a quarter D-eos-dropped took 10-17 CPU s there, and was missed once
+    # on 2026-12-04; at a half, 4-6 s); a quarter elsewhere, where most bugs show on a
+    # request that goes on running.
+    eos_share = 0.5 if runs else 0.25
     for rid in ids:
         request = by_id[rid]
         token = tokens[rid] = p(int, f"_token_{rid}")
-        # R10's EOS finish: the token is the request's EOS on a quarter of the paths
-        # (else the solver's first answer rarely is; measured: D-eos-dropped was missed).
-        if choose(p, f"_token_{rid}_is_eos", 0.25):
+        if choose(p, f"_token_{rid}_is_eos", eos_share):
             with ResumedTracing():
                 eos = request.request.params.eos_token_id
                 if eos is not None:
