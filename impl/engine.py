@@ -45,7 +45,7 @@ from impl.ngram_proposer import NgramProposer
 from impl.plan import make_plan
 from impl.scheduler import Scheduler
 from impl.scheduler_output import SchedulerOutput
-from impl.speculative import SpeculativeCounts, check_runs
+from impl.speculative import Proposer, SpeculativeCounts, check_runs
 from impl.worker import ForwardWorker
 from model import LlamaForCausalLM, build_tiny_model, resolve_device, resolve_dtype
 from spec.types import (
@@ -281,7 +281,7 @@ class LLMEngine:
         dtype: str = "float32",
         seed: int = 0,
         threads: int | None = None,
-        drafter: NgramProposer | None = None,
+        drafter: Proposer | None = None,
     ) -> None:
         if model is None:
             model = build_tiny_model(
@@ -304,7 +304,7 @@ class LLMEngine:
         self.model_runner = ModelRunner(model, self.cache_engine)
         #: speculative decoding (``num_speculative_tokens`` > 0): who drafts, by default
         #: prompt lookup of 5-grams (vLLM's defaults for ``method: "ngram"``)
-        self.drafter: NgramProposer | None = None
+        self.drafter: Proposer | None = None
         if config.num_speculative_tokens:
             self.drafter = drafter or NgramProposer(
                 num_speculative_tokens=config.num_speculative_tokens,

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from collections.abc import Sequence as SequenceABC
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from impl.scheduler_output import SchedulerOutput
 from impl.sequence import Sequence, SequenceStatus
@@ -27,6 +27,16 @@ from spec.types import SampledTokensError
 
 if TYPE_CHECKING:
     from impl.scheduler import Scheduler
+
+
+class Proposer(Protocol):
+    """Who drafts for the engine (vllm-v1/spec-propose): ``propose`` maps a request's
+    tokens (prompt + outputs) to its drafts, at most ``num_speculative_tokens`` of them
+    kept. ``NgramProposer`` (prompt lookup) is the engine's own; any other drafter that
+    is a function of the tokens (a test's) plugs in here."""
+
+    def propose(self, token_ids: list[int]) -> SequenceABC[int]: ...
+
 
 #: A padded admission's drafts (vllm-v1/spec-padded-new-decode): never a token id, so
 #: never accepted; the model runner feeds token 0 in its place.
