@@ -928,6 +928,7 @@ class LockstepMachine(RuleBasedStateMachine):
             )
             return False
         self.accepted[before.next_arrival] = Accepted(request_id, tuple(prompt), params)
+        self.side.added(tuple(prompt), params)
         if params.eos_token_id is not None:
             self.note("add: with EOS (ignored)" if params.ignore_eos else "add: with EOS")
         return True

@@ -123,13 +123,15 @@ def profile_configs(
     prefix_caching: bool = False,
     async_scheduling: bool = False,
     speculative: bool = False,
+    only_speculative: bool = False,
 ) -> SchedulerConfig:
     """A config a peer profile accepts (its constraints: ``SchedulerConfig.__post_init__``),
     with ``enable_prefix_caching`` set to ``prefix_caching``; with ``async_scheduling``
     (vllm-v1 only: the vLLM machines) async scheduling on half the time, drawn last;
     with ``speculative`` (vllm-v1, synchronous configs) half of the others decode
     speculatively, 1-4 drafts a step (at most the budget and the long-prefill threshold
-    less one), drawn after.
+    less one), drawn after; with ``only_speculative`` (vllm-v1) every config does but
+    one with a budget of one token, none async (a machine of its own for drafts).
 
     vllm-v1, nano-vllm: recompute only, no CPU pool. vllm-v1: ``lifo`` or ``priority``,
     ``max_num_batched_tokens >= max_num_seqs``, ``max_model_len`` drawn or the default
@@ -174,7 +176,7 @@ def profile_configs(
         adaptive = draw(st.booleans())
     asynchronous = async_scheduling and draw(st.booleans())
     drafts = 0
-    if speculative and not asynchronous and draw(st.booleans()):
+    if only_speculative or (speculative and not asynchronous and draw(st.booleans())):
         drafts = draw(st.integers(1, 4))
         # A padded decode (1 + K tokens) must fit the budget (vLLM never drains if it
         # cannot) and must not be cut by the threshold: SchedulerConfig refuses both.

@@ -90,6 +90,10 @@ class Side:
         default the lockstep's token oracle on the request's own prefix."""
         return toy_solo(prompt, params, self.lock.next_token)
 
+    def added(self, prompt: tuple[int, ...], params: SamplingParams) -> None:
+        """A request both sides accepted (the engine's side learns its solo run, which
+        its drafter may draft from)."""
+
     def solo_holds(self, params: SamplingParams) -> bool:
         """Whether a request's outputs must equal its solo run's token for token (the
         engine's rejection sampling at temperature > 0 matches them in distribution only)."""
