@@ -350,6 +350,16 @@ PLANTED: tuple[PlantedBug, ...] = (
         target="spec.pipeline.complete_async_step",
     ),
     PlantedBug(
+        name="S-bonus-counted-accepted",
+        where="speculative decoding (vllm-v1)",
+        bug="vllm-v1/spec-verify: a run's last token counts as an accepted draft whatever it "
+        "is, the bonus token too (the acceptance figures run over 100 %)",
+        file="speculative.py",
+        old="    if len(run) <= len(drafts) and run[-1] == drafts[len(run) - 1]:\n",
+        new="    if len(run) <= len(drafts) + 1:\n",
+        target="spec.speculative.num_accepted",
+    ),
+    PlantedBug(
         name="V-long-prefill-cap-ignored-running",
         where="phase A (vllm-v1)",
         bug="vllm-v1/long-prefill-cap: a running request's chunk is cut by the budget only",

@@ -237,6 +237,9 @@ def test_the_planted_table_covers_every_area() -> None:
     assert "admission (caching)" in areas and "preemption (caching)" in areas
     for queue in ("waiting", "running", "swapped"):
         assert f"abort ({queue})" in areas
+    # issue 20: the speculative rules, where CrossHair builds the values (a helper's own
+    # contract: the symbolic builders make no state with drafts)
+    assert "speculative decoding (vllm-v1)" in areas
     # Phase D: its body is complete_verified_step's (complete_step is it with runs of one).
     assert any(bug.target == "spec.scheduler.complete_verified_step" for bug in PLANTED)
 
