@@ -67,6 +67,10 @@ MACHINE_TESTS = {
     ),
     "prefix-engine": "tests/stateful/test_prefix_differential.py::test_prefix_engine_differential",
     "engine": "tests/stateful/test_engine_differential.py::test_engine_differential",
+    # vllm-v1 with speculative decoding in every example (the engine's verify forward).
+    "speculative-engine": (
+        "tests/stateful/test_engine_differential.py::test_speculative_engine_differential"
+    ),
     # The transformers and tokenspeed profiles: our scheduler (toy model), the real peers.
     "transformers-scheduler": (
         "tests/stateful/test_offload_reserve_differential.py"
@@ -145,12 +149,16 @@ CACHE = "impl/cache_engine.py"
 ENGINE = "impl/engine.py"
 SPEC_SCHED = "spec/scheduler.py"
 ENGINE_ONLY = ("engine",)
+#: The engine's speculative decoding: the fast machine, then vllm-v1 with drafts in every
+#: example (the engine machine draws a few, and none at its mutation size).
+SPECULATIVE = ("scheduler", "speculative-engine")
 OFFLOAD = "impl/offload_step.py"
 RESERVE = "impl/reserve_step.py"
 SPEC_PROFILES = "spec/profiles.py"
 SPEC_PIPELINE = "spec/pipeline.py"
 SPEC_LIVENESS = "spec/liveness.py"
 SPEC_SPECULATIVE = "spec/speculative.py"
+SPEC_DECODE = "impl/speculative.py"
 PIPELINE = "impl/pipeline.py"
 
 #: What a wrong plan or state shows up as in the differential comparison.
@@ -852,7 +860,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "again.\n    seq.spec_token_ids = []\n",
             "",
         ),
-        machines=("scheduler",),
+        machines=SPECULATIVE,
         expect=("observe_matches_spec", "plan_matches_spec"),
     ),
     mutant(
@@ -889,8 +897,31 @@ MUTANTS: tuple[Mutant, ...] = (
             "        run.append(targets[len(run)])\n",
             "        run.append(targets[-1])\n",
         ),
-        machines=("engine",),
+        machines=("speculative-engine",),
         expect=("sampled_tokens_match_solo",),
+    ),
+    mutant(
+        "vllm-v1-spec-no-model-len-cap",
+        "vllm-v1/spec-drafts-scheduled: the engine does not cut a chunk with drafts at "
+        "max_model_len - 1",
+        (
+            SPEC_DECODE,
+            "    if length is None:\n        return total\n",
+            "    if True:\n        return total\n",
+        ),
+        machines=SPECULATIVE,
+        expect=("plan_matches_spec",),
+    ),
+    mutant(
+        "vllm-v1-spec-no-padding",
+        "vllm-v1/spec-padded-new-decode: the engine admits a one-token chunk unpadded",
+        (
+            PHASES,
+            "    padding = sched.num_speculative_tokens and may_pad(out)\n",
+            "    padding = False\n",
+        ),
+        machines=SPECULATIVE,
+        expect=("plan_matches_spec",),
     ),
     mutant(
         "cm-vllm-v1-spec-no-padding",
@@ -924,6 +955,63 @@ MUTANTS: tuple[Mutant, ...] = (
         # Both sides agree; vLLM's scheduler keeps the blocks.
         machines=("vllm",),
         expect=("observe_matches_spec",),
+        common_mode=True,
+    ),
+    mutant(
+        "cm-vllm-v1-spec-no-model-len-cap",
+        "vllm-v1/spec-drafts-scheduled: spec and engine do not cut a chunk with drafts at "
+        "max_model_len - 1",
+        (
+            SPEC_SPECULATIVE,
+            "    if length is None or not request.spec_token_ids:\n",
+            "    if True:\n",
+        ),
+        (
+            SPEC_DECODE,
+            "    if length is None:\n        return total\n",
+            "    if True:\n        return total\n",
+        ),
+        # Both sides agree; vLLM's scheduler cuts the chunk.
+        machines=("vllm",),
+        expect=("plan_matches_spec",),
+        common_mode=True,
+    ),
+    mutant(
+        "cm-vllm-v1-spec-rejected-draft-computed",
+        "vllm-v1/spec-verify: spec and engine count one rejected draft as computed",
+        (
+            SPEC_SCHED,
+            "        computed = end - (len(drafts) - (len(run) - 1))\n",
+            "        computed = end - (len(drafts) - (len(run) - 1)) + (len(run) <= len(drafts))\n",
+        ),
+        (
+            PHASES,
+            "        seq.num_computed = end - back\n",
+            "        seq.num_computed = end - back + (back > 0)\n",
+        ),
+        # Both sides agree; vLLM's scheduler rolls every rejected draft back.
+        machines=("vllm",),
+        expect=("observe_matches_spec", "plan_matches_spec"),
+        common_mode=True,
+    ),
+    mutant(
+        "cm-vllm-v1-spec-drafts-kept-on-preemption",
+        "vllm-v1/spec-propose: spec and engine keep a recomputed victim's drafts, so its "
+        "re-prefill runs them",
+        (
+            SPEC_SCHED,
+            "        spec_token_ids=(),\n        num_blocks_ahead=0,\n",
+            "        num_blocks_ahead=0,\n",
+        ),
+        (
+            PHASES,
+            "    # vllm-v1/spec-propose: its drafts go with the blocks they held; it prefills "
+            "again.\n    seq.spec_token_ids = []\n",
+            "",
+        ),
+        # Both sides agree; vLLM's scheduler clears them (_preempt_request).
+        machines=("vllm",),
+        expect=("observe_matches_spec", "plan_matches_spec"),
         common_mode=True,
     ),
     mutant(
