@@ -473,7 +473,7 @@ SPECULATIVE_ENGINE = Engine(
     caps=OURS,
     configs=profile_configs(Semantics.VLLM_V1, only_speculative=True),
     sizes=Sizes(
-        ci=Size(200, 50),
+        ci=Size(150, 50),
         dev=Size(10, 25),
         nightly=Size(3_000, 60, targeting=True),
         mutation=Size(100, 30),
