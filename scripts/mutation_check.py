@@ -161,6 +161,40 @@ SPEC_SPECULATIVE = "spec/speculative.py"
 SPEC_DECODE = "impl/speculative.py"
 PIPELINE = "impl/pipeline.py"
 
+# The speculative rules' patches, each used alone (spec-only or engine-only) and in the
+# common-mode mutant that applies it to both sides.
+SPEC_NO_PADDING = (
+    SPEC_SPECULATIVE,
+    "        drafts > 0\n        and num_tokens == 1\n",
+    "        False\n",
+)
+ENGINE_NO_PADDING = (
+    PHASES,
+    "    padding = sched.num_speculative_tokens and may_pad(out)\n",
+    "    padding = False\n",
+)
+SPEC_NO_MODEL_LEN_CAP = (
+    SPEC_SPECULATIVE,
+    "    if length is None or not request.spec_token_ids:\n",
+    "    if True:\n",
+)
+ENGINE_NO_MODEL_LEN_CAP = (
+    SPEC_DECODE,
+    "    if length is None:\n        return total\n",
+    "    if True:\n        return total\n",
+)
+ENGINE_REJECTED_DRAFT_COMPUTED = (
+    PHASES,
+    "        seq.num_computed = end - back\n",
+    "        seq.num_computed = end - back + (back > 0)\n",
+)
+ENGINE_DRAFTS_KEPT = (
+    PHASES,
+    "    # vllm-v1/spec-propose: its drafts go with the blocks they held; it prefills "
+    "again.\n    seq.spec_token_ids = []\n",
+    "",
+)
+
 #: What a wrong plan or state shows up as in the differential comparison.
 DIVERGES = ("plan_matches_spec", "observe_matches_spec", "same_abort")
 #: What a wrong token (a K/V, position or sampling bug) shows up as.
@@ -792,7 +826,7 @@ MUTANTS: tuple[Mutant, ...] = (
     mutant(
         "spec-vllm-v1-spec-no-padding",
         "vllm-v1/spec-padded-new-decode: the spec admits a one-token chunk unpadded",
-        (SPEC_SPECULATIVE, "        drafts > 0\n        and num_tokens == 1\n", "        False\n"),
+        SPEC_NO_PADDING,
         # Run against vLLM's scheduler (our scheduler machine, which now decodes
         # speculatively too, would see it as well).
         machines=("vllm",),
@@ -802,11 +836,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "spec-vllm-v1-spec-no-model-len-cap",
         "vllm-v1/spec-drafts-scheduled: the spec does not cut a chunk with drafts at "
         "max_model_len - 1",
-        (
-            SPEC_SPECULATIVE,
-            "    if length is None or not request.spec_token_ids:\n",
-            "    if True:\n",
-        ),
+        SPEC_NO_MODEL_LEN_CAP,
         machines=("vllm",),
         expect=("plan_matches_spec",),
     ),
@@ -842,11 +872,7 @@ MUTANTS: tuple[Mutant, ...] = (
     mutant(
         "vllm-v1-spec-rejected-draft-computed",
         "vllm-v1/spec-verify: the engine counts one rejected draft as computed",
-        (
-            PHASES,
-            "        seq.num_computed = end - back\n",
-            "        seq.num_computed = end - back + (back > 0)\n",
-        ),
+        ENGINE_REJECTED_DRAFT_COMPUTED,
         machines=("scheduler",),
         # The engine's own state check (computed past its tokens) or the spec's.
         expect=("plan_matches_spec", "observe_matches_spec", "real_self_check"),
@@ -854,12 +880,7 @@ MUTANTS: tuple[Mutant, ...] = (
     mutant(
         "vllm-v1-spec-drafts-kept-on-preemption",
         "vllm-v1/spec-propose: the engine keeps a victim's drafts, so its re-prefill runs them",
-        (
-            PHASES,
-            "    # vllm-v1/spec-propose: its drafts go with the blocks they held; it prefills "
-            "again.\n    seq.spec_token_ids = []\n",
-            "",
-        ),
+        ENGINE_DRAFTS_KEPT,
         machines=SPECULATIVE,
         expect=("observe_matches_spec", "plan_matches_spec"),
     ),
@@ -904,34 +925,22 @@ MUTANTS: tuple[Mutant, ...] = (
         "vllm-v1-spec-no-model-len-cap",
         "vllm-v1/spec-drafts-scheduled: the engine does not cut a chunk with drafts at "
         "max_model_len - 1",
-        (
-            SPEC_DECODE,
-            "    if length is None:\n        return total\n",
-            "    if True:\n        return total\n",
-        ),
+        ENGINE_NO_MODEL_LEN_CAP,
         machines=SPECULATIVE,
         expect=("plan_matches_spec",),
     ),
     mutant(
         "vllm-v1-spec-no-padding",
         "vllm-v1/spec-padded-new-decode: the engine admits a one-token chunk unpadded",
-        (
-            PHASES,
-            "    padding = sched.num_speculative_tokens and may_pad(out)\n",
-            "    padding = False\n",
-        ),
+        ENGINE_NO_PADDING,
         machines=SPECULATIVE,
         expect=("plan_matches_spec",),
     ),
     mutant(
         "cm-vllm-v1-spec-no-padding",
         "vllm-v1/spec-padded-new-decode: spec and engine admit a one-token chunk unpadded",
-        (SPEC_SPECULATIVE, "        drafts > 0\n        and num_tokens == 1\n", "        False\n"),
-        (
-            PHASES,
-            "    padding = sched.num_speculative_tokens and may_pad(out)\n",
-            "    padding = False\n",
-        ),
+        SPEC_NO_PADDING,
+        ENGINE_NO_PADDING,
         # Both sides agree; vLLM's scheduler pads.
         machines=("vllm",),
         expect=("plan_matches_spec",),
@@ -961,16 +970,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "cm-vllm-v1-spec-no-model-len-cap",
         "vllm-v1/spec-drafts-scheduled: spec and engine do not cut a chunk with drafts at "
         "max_model_len - 1",
-        (
-            SPEC_SPECULATIVE,
-            "    if length is None or not request.spec_token_ids:\n",
-            "    if True:\n",
-        ),
-        (
-            SPEC_DECODE,
-            "    if length is None:\n        return total\n",
-            "    if True:\n        return total\n",
-        ),
+        SPEC_NO_MODEL_LEN_CAP,
+        ENGINE_NO_MODEL_LEN_CAP,
         # Both sides agree; vLLM's scheduler cuts the chunk.
         machines=("vllm",),
         expect=("plan_matches_spec",),
@@ -984,11 +985,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "        computed = end - (len(drafts) - (len(run) - 1))\n",
             "        computed = end - (len(drafts) - (len(run) - 1)) + (len(run) <= len(drafts))\n",
         ),
-        (
-            PHASES,
-            "        seq.num_computed = end - back\n",
-            "        seq.num_computed = end - back + (back > 0)\n",
-        ),
+        ENGINE_REJECTED_DRAFT_COMPUTED,
         # Both sides agree; vLLM's scheduler rolls every rejected draft back.
         machines=("vllm",),
         expect=("observe_matches_spec", "plan_matches_spec"),
@@ -1003,12 +1000,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "        spec_token_ids=(),\n        num_blocks_ahead=0,\n",
             "        num_blocks_ahead=0,\n",
         ),
-        (
-            PHASES,
-            "    # vllm-v1/spec-propose: its drafts go with the blocks they held; it prefills "
-            "again.\n    seq.spec_token_ids = []\n",
-            "",
-        ),
+        ENGINE_DRAFTS_KEPT,
         # Both sides agree; vLLM's scheduler clears them (_preempt_request).
         machines=("vllm",),
         expect=("observe_matches_spec", "plan_matches_spec"),
