@@ -1,4 +1,4 @@
-"""The figures README's "Testing" gives for ``scripts/check``, measured: run it and print them.
+"""The figures docs/checks.md gives for ``scripts/check``, measured: run it and print them.
 
 ``python scripts/check_figures.py`` times ``./scripts/check --quick``; ``--full`` times
 ``CI=true ./scripts/check`` (what CI runs) instead. Printed: the date, the load average
@@ -6,8 +6,8 @@ before and after (the machine is shared: these times scale with its load), the w
 time, pytest's share and its counts (passed, skipped ...), and whether the output
 holds a line that reads like a failure although the check passed ("NOT REACHED",
 "FAILED", "Error", a traceback), each with the lines around it. The whole output is
-kept in ``--log`` (default check-figures.log in the temporary directory). Paste the
-figures into README.md with the load.
+kept in ``--log`` (default check-figures.log in the temporary directory). Add the
+figures to docs/checks.md, "Timings", with the load.
 """
 
 from __future__ import annotations
